@@ -1,0 +1,45 @@
+"""glassgrad's engine: a reverse-mode autodiff Tensor over numpy.
+
+>>> import numpy as np
+>>> from autograd import Tensor
+>>> x = Tensor(np.ones((2, 3)), requires_grad=True)
+>>> y = (x * 2 + 1).sum()
+>>> y.backward()
+>>> x.grad
+array([[2., 2., 2.],
+       [2., 2., 2.]], dtype=float32)
+"""
+
+from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck
+from autograd.ops import concat, stack, where
+from autograd.tensor import (
+    AnomalyError,
+    Function,
+    Tensor,
+    detect_anomaly,
+    enable_grad,
+    get_default_dtype,
+    is_grad_enabled,
+    no_grad,
+    set_default_dtype,
+    unbroadcast,
+)
+
+__all__ = [
+    "AnomalyError",
+    "Function",
+    "GradcheckError",
+    "GradcheckResult",
+    "Tensor",
+    "concat",
+    "detect_anomaly",
+    "enable_grad",
+    "get_default_dtype",
+    "gradcheck",
+    "is_grad_enabled",
+    "no_grad",
+    "set_default_dtype",
+    "stack",
+    "unbroadcast",
+    "where",
+]

@@ -1,0 +1,103 @@
+"""Central-difference gradient checking (notes 11.7).
+
+For a function f of tensors, the analytic gradient of L = sum(f(x) * R) (R a fixed random array,
+so that every output element matters) is compared, element by element of every input, with
+(L(x + eps e_i) - L(x - eps e_i)) / (2 eps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autograd.tensor import Tensor
+
+
+@dataclass
+class GradcheckResult:
+    """The worst element over all inputs: where it is, and both values."""
+
+    ok: bool
+    max_abs_error: float
+    max_rel_error: float
+    input_index: int
+    element_index: tuple[int, ...]
+    analytic: float
+    numeric: float
+
+    def __str__(self) -> str:
+        return (
+            f"gradcheck {'passed' if self.ok else 'FAILED'}: worst element is input "
+            f"{self.input_index}{list(self.element_index)}: analytic {self.analytic:.12g}, "
+            f"numeric {self.numeric:.12g} (abs error {self.max_abs_error:.3g}, "
+            f"rel error {self.max_rel_error:.3g})"
+        )
+
+
+class GradcheckError(AssertionError):
+    def __init__(self, result: GradcheckResult) -> None:
+        super().__init__(str(result))
+        self.result = result
+
+
+def gradcheck(
+    fn: Callable[..., Tensor],
+    inputs: Sequence[Tensor],
+    eps: float = 1e-6,
+    atol: float = 1e-6,
+    rtol: float = 1e-6,
+    seed: int = 0,
+    raise_exception: bool = True,
+) -> GradcheckResult:
+    """Check fn's analytic gradients against central differences on every input element.
+
+    Inputs with requires_grad=True are checked; they must be float64 (float32 differences are
+    too coarse). An element passes when |analytic - numeric| <= atol + rtol * |numeric|; the
+    reported relative error is |analytic - numeric| / max(1, |analytic|, |numeric|).
+    Raises GradcheckError naming the worst element unless raise_exception=False.
+    """
+    checked = [i for i, t in enumerate(inputs) if t.requires_grad]
+    if not checked:
+        raise ValueError("gradcheck: no input has requires_grad=True")
+    for i in checked:
+        if inputs[i].dtype != np.float64:
+            raise TypeError(
+                f"gradcheck: input {i} has dtype {inputs[i].dtype}; use float64 "
+                "(autograd.set_default_dtype(np.float64)) for central differences"
+            )
+    out = fn(*inputs)
+    weights = np.random.default_rng(seed).standard_normal(out.shape)
+
+    def loss() -> float:
+        return float(np.sum(np.asarray(fn(*inputs).data, dtype=np.float64) * weights))
+
+    for t in inputs:
+        t.grad = None
+    out.backward(weights.astype(out.dtype))
+
+    worst = None
+    for i in checked:
+        x = inputs[i].data
+        analytic = inputs[i].grad if inputs[i].grad is not None else np.zeros_like(x)
+        for index in np.ndindex(x.shape):
+            original = x[index]
+            x[index] = original + eps
+            plus = loss()
+            x[index] = original - eps
+            minus = loss()
+            x[index] = original
+            numeric = (plus - minus) / (2 * eps)
+            a = float(analytic[index])
+            abs_error = abs(a - numeric)
+            rel_error = abs_error / max(1.0, abs(a), abs(numeric))
+            passed = abs_error <= atol + rtol * abs(numeric)
+            candidate = (not passed, rel_error, i, index, a, numeric, abs_error)
+            if worst is None or candidate[:2] > worst[:2]:
+                worst = candidate
+    failed, rel_error, i, index, a, numeric, abs_error = worst
+    result = GradcheckResult(not failed, abs_error, rel_error, i, tuple(index), a, numeric)
+    if failed and raise_exception:
+        raise GradcheckError(result)
+    return result

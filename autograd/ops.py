@@ -1,0 +1,376 @@
+"""The primitive ops: each one forward and its VJP (backward) side by side.
+
+Notation: `g` is dL/d(output), the gradient arriving from above (notes 10.2: same shape as the
+output). Each backward returns dL/d(input) for every input, in order. Broadcasting is undone in one
+place, `unbroadcast`. The Transformer ops (softmax, layer_norm, attention, ...) live in
+`autograd/functional.py` and follow the same pattern.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from autograd.tensor import Function, Tensor, unbroadcast
+
+# --- elementwise binary ops (numpy broadcasting) ----------------------------------------------
+
+
+class Add(Function):
+    # out = a + b;  da = g, db = g
+    def forward(self, a, b):
+        self.save_for_backward(a.shape, b.shape)
+        return a + b
+
+    def backward(self, g):
+        a_shape, b_shape = self.saved
+        return unbroadcast(g, a_shape), unbroadcast(g, b_shape)
+
+
+class Sub(Function):
+    # out = a - b;  da = g, db = -g
+    def forward(self, a, b):
+        self.save_for_backward(a.shape, b.shape)
+        return a - b
+
+    def backward(self, g):
+        a_shape, b_shape = self.saved
+        return unbroadcast(g, a_shape), unbroadcast(-g, b_shape)
+
+
+class Mul(Function):
+    # out = a * b;  da = g * b, db = g * a
+    def forward(self, a, b):
+        self.save_for_backward(a, b)
+        return a * b
+
+    def backward(self, g):
+        a, b = self.saved
+        return unbroadcast(g * b, a.shape), unbroadcast(g * a, b.shape)
+
+
+class Div(Function):
+    # out = a / b;  da = g / b, db = -g * a / b^2
+    def forward(self, a, b):
+        self.save_for_backward(a, b)
+        return a / b
+
+    def backward(self, g):
+        a, b = self.saved
+        ga = g / b
+        return unbroadcast(ga, a.shape), unbroadcast(-ga * a / b, b.shape)
+
+
+class Pow(Function):
+    # out = a ** b;  da = g * b * a^(b-1), db = g * out * ln(a)  (taken as 0 where a <= 0)
+    def forward(self, a, b):
+        out = a**b
+        self.save_for_backward(a, b, out)
+        return out
+
+    def backward(self, g):
+        a, b, out = self.saved
+        ga = g * b * a ** (b - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_a = np.where(a > 0, np.log(np.where(a > 0, a, 1)), 0)
+        return unbroadcast(ga, a.shape), unbroadcast(g * out * log_a, b.shape)
+
+
+class MatMul(Function):
+    # out = a @ b (np.matmul rules);  da = g @ b^T, db = a^T @ g  (notes 10.4), batch dims summed
+    def forward(self, a, b):
+        if a.ndim == 0 or b.ndim == 0:
+            raise ValueError(f"matmul: operands must be at least 1-D, got {a.shape} and {b.shape}")
+        k_a = a.shape[-1]
+        k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
+        if k_a != k_b:
+            raise ValueError(
+                f"matmul: shapes {a.shape} and {b.shape} do not chain: a's last dimension "
+                f"{k_a} must equal b's {'only' if b.ndim == 1 else 'second-to-last'} dimension {k_b}"
+            )
+        self.save_for_backward(a, b)
+        return a @ b
+
+    def backward(self, g):
+        a, b = self.saved
+        # Treat vectors as matrices: a (k,) is a row (1, k), b (k,) is a column (k, 1).
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        g2 = g
+        if a.ndim == 1:
+            g2 = np.expand_dims(g2, -2 if b.ndim > 1 else 0)
+        if b.ndim == 1:
+            g2 = np.expand_dims(g2, -1)
+        ga = unbroadcast(g2 @ np.swapaxes(b2, -1, -2), a2.shape).reshape(a.shape)
+        gb = unbroadcast(np.swapaxes(a2, -1, -2) @ g2, b2.shape).reshape(b.shape)
+        return ga, gb
+
+
+# --- elementwise unary ops --------------------------------------------------------------------
+
+
+class Neg(Function):
+    # out = -a;  da = -g
+    def forward(self, a):
+        return -a
+
+    def backward(self, g):
+        return (-g,)
+
+
+class Exp(Function):
+    # out = e^a;  da = g * out
+    def forward(self, a):
+        out = np.exp(a)
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, g):
+        (out,) = self.saved
+        return (g * out,)
+
+
+class Log(Function):
+    # out = ln a;  da = g / a
+    def forward(self, a):
+        self.save_for_backward(a)
+        return np.log(a)
+
+    def backward(self, g):
+        (a,) = self.saved
+        return (g / a,)
+
+
+class Sqrt(Function):
+    # out = sqrt(a);  da = g / (2 out)
+    def forward(self, a):
+        out = np.sqrt(a)
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, g):
+        (out,) = self.saved
+        return (g / (2 * out),)
+
+
+class Tanh(Function):
+    # out = tanh a;  da = g * (1 - out^2)
+    def forward(self, a):
+        out = np.tanh(a)
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, g):
+        (out,) = self.saved
+        return (g * (1 - out * out),)
+
+
+class Relu(Function):
+    # out = max(a, 0);  da = g * [a > 0]  (the convention at 0 is 0, notes 8.2)
+    def forward(self, a):
+        self.save_for_backward(a)
+        return np.maximum(a, 0)
+
+    def backward(self, g):
+        (a,) = self.saved
+        return (g * (a > 0),)
+
+
+class Sigmoid(Function):
+    # out = 1 / (1 + e^-a);  da = g * out * (1 - out)
+    def forward(self, a):
+        # Two branches so that e^(-a) never overflows for large negative a.
+        e = np.exp(-np.abs(a))
+        out = np.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, g):
+        (out,) = self.saved
+        return (g * out * (1 - out),)
+
+
+# --- reductions -------------------------------------------------------------------------------
+
+
+def _normalize_axes(axis: Any, ndim: int, op: str) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    normalized = []
+    for ax in axes:
+        if not -ndim <= ax < max(ndim, 1):
+            raise ValueError(f"{op}: axis {ax} is out of range for a {ndim}-d tensor")
+        normalized.append(int(ax) % max(ndim, 1))
+    if len(set(normalized)) != len(normalized):
+        raise ValueError(f"{op}: repeated axis in {axis}")
+    return tuple(normalized)
+
+
+def _expand_reduced(g: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool):
+    """Put back the reduced axes of g as size-1 dims, so that it broadcasts against the input."""
+    if not keepdims:
+        g = np.expand_dims(g, axes) if axes else g
+    return np.broadcast_to(g, shape)
+
+
+class Sum(Function):
+    # out = sum_axis a;  da = g broadcast back over the summed axes
+    def forward(self, a, axis=None, keepdims=False):
+        axes = _normalize_axes(axis, a.ndim, "sum")
+        self.save_for_backward(a.shape, axes, keepdims)
+        return np.sum(a, axis=axes, keepdims=keepdims)
+
+    def backward(self, g):
+        shape, axes, keepdims = self.saved
+        return (_expand_reduced(g, shape, axes, keepdims),)
+
+
+class Mean(Function):
+    # out = sum_axis a / n;  da = g / n broadcast back
+    def forward(self, a, axis=None, keepdims=False):
+        axes = _normalize_axes(axis, a.ndim, "mean")
+        count = int(np.prod([a.shape[ax] for ax in axes]))
+        if count == 0:
+            raise ValueError(f"mean: reducing axes {axes} of an empty tensor of shape {a.shape}")
+        self.save_for_backward(a.shape, axes, keepdims, count)
+        return np.mean(a, axis=axes, keepdims=keepdims)
+
+    def backward(self, g):
+        shape, axes, keepdims, count = self.saved
+        return (_expand_reduced(g, shape, axes, keepdims) / count,)
+
+
+class Max(Function):
+    # out = max_axis a;  da = g where a == out, split evenly between ties
+    def forward(self, a, axis=None, keepdims=False):
+        axes = _normalize_axes(axis, a.ndim, "max")
+        if a.size == 0:
+            raise ValueError(f"max: empty tensor of shape {a.shape} has no maximum")
+        out = np.max(a, axis=axes, keepdims=True)
+        self.save_for_backward(a, out, axes, keepdims)
+        return out if keepdims else np.squeeze(out, axis=axes)
+
+    def backward(self, g):
+        a, out, axes, keepdims = self.saved
+        winners = a == out
+        share = winners / winners.sum(axis=axes, keepdims=True)
+        return (share * _expand_reduced(g, a.shape, axes, keepdims),)
+
+
+# --- shape ops --------------------------------------------------------------------------------
+
+
+class Reshape(Function):
+    # out = a viewed with a new shape;  da = g viewed with a's shape
+    def forward(self, a, shape=()):
+        self.save_for_backward(a.shape)
+        return a.reshape(shape)
+
+    def backward(self, g):
+        (shape,) = self.saved
+        return (g.reshape(shape),)
+
+
+class Transpose(Function):
+    # out = a with axes permuted;  da = g with the inverse permutation
+    def forward(self, a, axes=None):
+        axes = tuple(range(a.ndim))[::-1] if axes is None else tuple(axes)
+        if sorted(ax % max(a.ndim, 1) for ax in axes) != list(range(a.ndim)):
+            raise ValueError(f"transpose: axes {axes} are not a permutation of a {a.ndim}-d shape")
+        self.save_for_backward(axes)
+        return np.transpose(a, axes)
+
+    def backward(self, g):
+        (axes,) = self.saved
+        return (np.transpose(g, np.argsort(axes)),)
+
+
+def _is_basic_index(index: Any) -> bool:
+    """Slices, ints, None and Ellipsis select each element at most once (no scatter-add needed)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(p, (slice, int, np.integer)) or p is None or p is Ellipsis for p in parts)
+
+
+class GetItem(Function):
+    # out = a[index];  da = zeros, then g added at index (repeated indices accumulate)
+    def forward(self, a, index=None):
+        self.save_for_backward(a.shape, a.dtype, index)
+        return a[index]
+
+    def backward(self, g):
+        shape, dtype, index = self.saved
+        grad = np.zeros(shape, dtype=np.result_type(dtype, g.dtype))
+        if _is_basic_index(index):
+            grad[index] = g
+        else:
+            np.add.at(grad, index, g)
+        return (grad,)
+
+
+class Concat(Function):
+    # out = concat(a_1..a_n, axis);  da_i = the slice of g that a_i occupies
+    def forward(self, *arrays, axis=0):
+        self.save_for_backward(axis, [a.shape[axis] for a in arrays])
+        return np.concatenate(arrays, axis=axis)
+
+    def backward(self, g):
+        axis, sizes = self.saved
+        return tuple(np.split(g, np.cumsum(sizes)[:-1], axis=axis))
+
+
+class Stack(Function):
+    # out = stack(a_1..a_n, axis);  da_i = g taken at position i along the new axis
+    def forward(self, *arrays, axis=0):
+        out = np.stack(arrays, axis=axis)
+        self.save_for_backward(axis if axis >= 0 else out.ndim + axis, len(arrays))
+        return out
+
+    def backward(self, g):
+        axis, n = self.saved
+        return tuple(np.take(g, i, axis=axis) for i in range(n))
+
+
+class Where(Function):
+    # out = cond ? a : b;  da = g where cond, db = g where not cond
+    def forward(self, a, b, cond=None):
+        self.save_for_backward(cond, a.shape, b.shape)
+        return np.where(cond, a, b)
+
+    def backward(self, g):
+        cond, a_shape, b_shape = self.saved
+        zero = np.zeros((), dtype=g.dtype)
+        return unbroadcast(np.where(cond, g, zero), a_shape), unbroadcast(
+            np.where(cond, zero, g), b_shape
+        )
+
+
+# --- free functions of the public API ---------------------------------------------------------
+
+
+def _tensors(items: Any, op: str) -> list[Tensor]:
+    items = list(items)
+    if not items:
+        raise ValueError(f"{op}: needs at least one tensor")
+    like = next((t for t in items if isinstance(t, Tensor)), None)
+    return [t if isinstance(t, Tensor) else (like._lift(t) if like else Tensor(t)) for t in items]
+
+
+def concat(tensors: Any, axis: int = 0) -> Tensor:
+    """Join tensors along an existing axis (like np.concatenate)."""
+    return Concat.apply(*_tensors(tensors, "concat"), axis=axis)
+
+
+def stack(tensors: Any, axis: int = 0) -> Tensor:
+    """Join tensors along a new axis (like np.stack)."""
+    return Stack.apply(*_tensors(tensors, "stack"), axis=axis)
+
+
+def where(cond: Any, a: Any, b: Any) -> Tensor:
+    """Elementwise choice: a where cond is true, else b (cond is a constant, no gradient)."""
+    cond = np.asarray(cond.data if isinstance(cond, Tensor) else cond)
+    if cond.dtype != np.bool_:
+        raise TypeError(f"where: cond must be boolean, got dtype {cond.dtype}")
+    a, b = _tensors([a, b], "where")
+    return Where.apply(a, b, cond=cond)
