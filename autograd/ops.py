@@ -87,7 +87,7 @@ class MatMul(Function):
         if k_a != k_b:
             raise ValueError(
                 f"matmul: shapes {a.shape} and {b.shape} do not chain: a's last dimension "
-                f"{k_a} must equal b's {'only' if b.ndim == 1 else 'second-to-last'} dimension {k_b}"
+                f"{k_a} must equal the dimension {k_b} it multiplies in b"
             )
         self.save_for_backward(a, b)
         return a @ b

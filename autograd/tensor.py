@@ -515,6 +515,11 @@ def _topological_order(root: Tensor) -> list[Tensor]:
 def run_backward(root: Tensor, seed: np.ndarray, retain_graph: bool, trace: bool) -> None:
     """The backward loop: walk the ops from the output to the leaves, applying each VJP."""
     order = _topological_order(root)
+    tracer = None
+    if trace:
+        from autograd.trace import BackwardTracer
+
+        tracer = BackwardTracer()
     pending: dict[int, np.ndarray] = {id(root): seed}
     for step, tensor in enumerate(order):
         grad = pending.pop(id(tensor), None)
@@ -524,13 +529,13 @@ def run_backward(root: Tensor, seed: np.ndarray, retain_graph: bool, trace: bool
         if fn is None or tensor._retains_grad:
             _accumulate(tensor, grad)
             if fn is None:
-                if trace:
-                    _trace_leaf(tensor, grad)
+                if tracer is not None:
+                    tracer.leaf(tensor, grad)
                 continue
         _check_versions(fn, tensor)
         input_grads = fn.backward(grad)
-        if trace:
-            _trace_step(step, fn, tensor, grad, input_grads, pending)
+        if tracer is not None:
+            tracer.step(step, fn, tensor, grad, input_grads, pending)
         for parent, parent_grad in zip(fn.inputs, input_grads, strict=True):
             if parent_grad is None or not parent._requires_grad:
                 continue
@@ -572,36 +577,6 @@ def _accumulate(tensor: Tensor, grad: np.ndarray) -> None:
         tensor.grad = np.array(grad, dtype=tensor.dtype, copy=True)
     else:
         tensor.grad += grad
-
-
-def _label(tensor: Tensor) -> str:
-    return tensor.name or (tensor._ctx.name if tensor._ctx is not None else "leaf")
-
-
-def _trace_step(
-    step: int,
-    fn: Function,
-    output: Tensor,
-    grad: np.ndarray,
-    input_grads: Sequence[np.ndarray | None],
-    pending: dict[int, np.ndarray],
-) -> None:
-    print(
-        f"[{step:3d}] {fn.name:<10} out {_label(output)} {output.shape}  "
-        f"|grad in| = {np.linalg.norm(grad):.6f}"
-    )
-    for i, (parent, parent_grad) in enumerate(zip(fn.inputs, input_grads, strict=True)):
-        if parent_grad is None or not parent._requires_grad:
-            continue
-        note = "  (accumulates: used more than once)" if id(parent) in pending else ""
-        print(
-            f"        -> input {i} {_label(parent)} {parent.shape}  "
-            f"|grad| = {np.linalg.norm(parent_grad):.6f}{note}"
-        )
-
-
-def _trace_leaf(tensor: Tensor, grad: np.ndarray) -> None:
-    print(f"      leaf {_label(tensor)} {tensor.shape}  |grad| = {np.linalg.norm(grad):.6f}")
 
 
 from autograd import ops as _ops  # noqa: E402  (ops subclass Function defined above)
