@@ -86,7 +86,7 @@ class MatMul(Function):
         k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
         if k_a != k_b:
             raise ValueError(
-                f"matmul: shapes {a.shape} and {b.shape} do not chain: a's last dimension "
+                f"shapes {a.shape} and {b.shape} do not chain: a's last dimension "
                 f"{k_a} must equal the dimension {k_b} it multiplies in b"
             )
         self.save_for_backward(a, b)

@@ -1,0 +1,434 @@
+"""The Transformer ops: fused forwards with hand-written VJPs (notes ch. 6, 7, 9, 10).
+
+Each op is one Function: forward and backward side by side, the formula in a comment and the
+notes' section where it is derived. The hot ones (softmax, log_softmax, layer_norm,
+cross_entropy, embedding backward, attention) call `autograd.kernels`, which runs either a Numba
+kernel or the plain numpy reference (GLASSGRAD_KERNELS=numpy or kernels.use_backend("numpy")).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from autograd import kernels
+from autograd.tensor import Function, Tensor, is_grad_enabled
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _tensor(x: Any) -> Tensor:
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+def _int_array(index: Any, op: str, what: str) -> np.ndarray:
+    """An index argument as an integer numpy array, or a clear error."""
+    array = np.asarray(index.data if isinstance(index, Tensor) else index)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{op}: {what} must be integers, got dtype {array.dtype} ({array.shape})")
+    return array
+
+
+def _check_range(index: np.ndarray, size: int, op: str, what: str) -> None:
+    if index.size and (index.min() < 0 or index.max() >= size):
+        bad = index[(index < 0) | (index >= size)].flat[0]
+        raise IndexError(
+            f"{op}: {what} {bad} is out of range [0, {size}) (index shape {index.shape})"
+        )
+
+
+def _axis(axis: int, ndim: int, op: str) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{op}: axis {axis} is out of range for a {ndim}-d tensor")
+    return axis % ndim
+
+
+def _on_last_axis(kernel, axis: int, *arrays: np.ndarray):
+    """Run a last-axis kernel along `axis` by moving that axis last and back."""
+    if axis == arrays[0].ndim - 1:
+        return kernel(*arrays)
+    moved = kernel(*(np.moveaxis(a, axis, -1) for a in arrays))
+    return np.moveaxis(moved, -1, axis)
+
+
+# --- softmax family (notes 6.2, 7.3, 10.6) ----------------------------------------------------
+
+
+class Softmax(Function):
+    # a = e^(x - max) / sum e^(x - max);  dx = a * (g - sum(a * g))   (notes 10.6)
+    # -inf entries get weight 0; a slice that is entirely -inf gives all zeros (no NaN).
+    def forward(self, x, axis=-1):
+        axis = _axis(axis, x.ndim, "softmax")
+        a = _on_last_axis(kernels.softmax_forward, axis, x)
+        self.save_for_backward(a, axis)
+        return a
+
+    def backward(self, g):
+        a, axis = self.saved
+        return (_on_last_axis(kernels.softmax_backward, axis, a, g),)
+
+
+class LogSoftmax(Function):
+    # y = x - logsumexp(x);  dx = g - softmax(x) * sum(g)   (notes 9.2, 10.3)
+    # -inf entries give -inf; an entirely -inf slice gives all -inf and gradient g (no NaN).
+    def forward(self, x, axis=-1):
+        axis = _axis(axis, x.ndim, "log_softmax")
+        y = _on_last_axis(kernels.log_softmax_forward, axis, x)
+        self.save_for_backward(y, axis)
+        return y
+
+    def backward(self, g):
+        y, axis = self.saved
+        return (_on_last_axis(kernels.log_softmax_backward, axis, y, g),)
+
+
+class LogSumExp(Function):
+    # out = ln sum e^x;  dx = g * softmax(x)   (an entirely -inf slice: out -inf, dx 0)
+    def forward(self, x, axis=-1, keepdims=False):
+        axis = _axis(axis, x.ndim, "logsumexp")
+        moved = np.moveaxis(x, axis, -1)
+        out = kernels.logsumexp_forward(moved)
+        self.save_for_backward(x, axis)
+        return np.expand_dims(out, axis) if keepdims else out
+
+    def backward(self, g):
+        x, axis = self.saved
+        if g.ndim < x.ndim:
+            g = np.expand_dims(g, axis)
+        return (g * _on_last_axis(kernels.softmax_forward, axis, x),)
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """softmax along `axis` (notes 6.2): shift-invariant, computed max-subtracted."""
+    return Softmax.apply(_tensor(x), axis=axis)
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """log(softmax(x)) along `axis`, without forming softmax (stable for large logits)."""
+    return LogSoftmax.apply(_tensor(x), axis=axis)
+
+
+def logsumexp(x: Tensor, axis: int = -1, keepdims: bool = False) -> Tensor:
+    """ln sum exp(x) along `axis` (the softmax normaliser)."""
+    return LogSumExp.apply(_tensor(x), axis=axis, keepdims=keepdims)
+
+
+# --- normalisation (notes 8.4, 10.8) ----------------------------------------------------------
+
+
+class LayerNorm(Function):
+    # y = (x - mean) / sqrt(var + eps) * w + b, population variance over the last axis (8.4)
+    # dx = rstd * (u - mean(u) - xhat * mean(u * xhat)), u = g * w;  dw = sum g*xhat; db = sum g
+    def forward(self, x, weight, bias, eps=1e-5):
+        if weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
+            raise ValueError(
+                f"layer_norm: weight {weight.shape} and bias {bias.shape} must have the shape of "
+                f"x's last axis {x.shape[-1:]}"
+            )
+        y, mean, rstd = kernels.layer_norm_forward(x, weight, bias, eps)
+        self.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    def backward(self, g):
+        x, weight, mean, rstd = self.saved
+        return kernels.layer_norm_backward(g, x, weight, mean, rstd)
+
+
+def layer_norm(
+    x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
+) -> Tensor:
+    """LayerNorm over the last axis (notes 8.4); weight/bias None mean 1 and 0."""
+    x = _tensor(x)
+    n = x.shape[-1:]
+    weight = _tensor(weight) if weight is not None else Tensor(np.ones(n, x.dtype), dtype=x.dtype)
+    bias = _tensor(bias) if bias is not None else Tensor(np.zeros(n, x.dtype), dtype=x.dtype)
+    return LayerNorm.apply(x, weight, bias, eps=eps)
+
+
+class RMSNorm(Function):
+    # y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps);  (no centring, unlike LayerNorm, 8.4)
+    # dx = rstd * (u - xhat * mean(u * xhat)), u = g * w, xhat = x * rstd;  dw = sum g * xhat
+    def forward(self, x, weight, eps=1e-5):
+        if weight.shape != x.shape[-1:]:
+            raise ValueError(f"rms_norm: weight {weight.shape} must have shape {x.shape[-1:]}")
+        rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+        xhat = x * rstd
+        self.save_for_backward(xhat, weight, rstd)
+        return xhat * weight
+
+    def backward(self, g):
+        xhat, weight, rstd = self.saved
+        u = g * weight
+        gx = rstd * (u - xhat * np.mean(u * xhat, axis=-1, keepdims=True))
+        gw = (g * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)
+        return gx, gw
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5) -> Tensor:
+    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * weight."""
+    return RMSNorm.apply(_tensor(x), _tensor(weight), eps=eps)
+
+
+# --- indexing: gather and embedding (notes 2.1, 10.9) -----------------------------------------
+
+
+class Gather(Function):
+    # out = take_along_axis(x, index, axis);  dx = zeros, then g scatter-added at index (10.9)
+    def forward(self, x, index=None, axis=0):
+        self.save_for_backward(x.shape, index, axis)
+        return np.take_along_axis(x, index, axis=axis)
+
+    def backward(self, g):
+        shape, index, axis = self.saved
+        grad = np.zeros(shape, dtype=g.dtype)
+        # Full coordinates of every gathered element: `index` along axis, positions elsewhere.
+        coords = list(np.indices(index.shape, sparse=True))
+        coords[axis] = index
+        np.add.at(grad, tuple(coords), g)
+        return (grad,)
+
+
+def gather(x: Tensor, index: Any, axis: int) -> Tensor:
+    """Pick elements along `axis` like np.take_along_axis; repeated indices sum in backward."""
+    x = _tensor(x)
+    index = _int_array(index, "gather", "indices")
+    axis = _axis(axis, x.ndim, "gather")
+    if index.ndim != x.ndim:
+        raise ValueError(f"gather: index {index.shape} must have as many dims as x {x.shape}")
+    _check_range(index, x.shape[axis], "gather", "index")
+    return Gather.apply(x, index=index, axis=axis)
+
+
+class Embedding(Function):
+    # out[..., :] = W[idx, :];  dW[w] = sum of g rows where idx == w   (notes 10.9)
+    def forward(self, weight, idx=None):
+        self.save_for_backward(idx, weight.shape[0])
+        return weight[idx]
+
+    def backward(self, g):
+        idx, num_embeddings = self.saved
+        return (kernels.embedding_backward(idx, g, num_embeddings),)
+
+
+def embedding(weight: Tensor, idx: Any) -> Tensor:
+    """Rows of `weight` (V, C) for integer ids `idx` of any shape -> idx.shape + (C,)."""
+    weight = _tensor(weight)
+    if weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be 2-d (V, C), got shape {weight.shape}")
+    idx = _int_array(idx, "embedding", "token ids")
+    _check_range(idx, weight.shape[0], "embedding", "id")
+    return Embedding.apply(weight, idx=idx)
+
+
+# --- loss (notes 9.2, 10.3) -------------------------------------------------------------------
+
+
+class CrossEntropy(Function):
+    # L = mean over kept rows of (logsumexp(l) - l[y]);  dl = (softmax(l) - onehot(y)) / n  (10.3)
+    # Forward and gradient come from one fused pass; backward only scales by the incoming g.
+    def forward(self, logits, targets=None, ignore_index=-100, need_grad=True):
+        flat_logits = logits.reshape(-1, logits.shape[-1])
+        loss, dlogits = kernels.cross_entropy_forward(
+            flat_logits, targets.reshape(-1), ignore_index, need_grad
+        )
+        self.save_for_backward(dlogits, logits.shape)
+        return np.asarray(loss, dtype=logits.dtype)
+
+    def backward(self, g):
+        dlogits, shape = self.saved
+        return ((dlogits * g).reshape(shape),)
+
+
+def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Tensor:
+    """Mean -ln softmax(logits)[target] over targets != ignore_index (notes 9.2).
+
+    logits (..., V), targets int (...). If every target is ignored the loss is 0.0 with a zero
+    gradient (there is nothing to average; PyTorch returns NaN here).
+    """
+    logits = _tensor(logits)
+    targets = _int_array(targets, "cross_entropy", "targets")
+    if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"cross_entropy: targets {targets.shape} must have logits' shape without the last "
+            f"(vocabulary) axis: logits {logits.shape}"
+        )
+    need_grad = logits.requires_grad and is_grad_enabled()
+    return CrossEntropy.apply(
+        logits, targets=targets, ignore_index=ignore_index, need_grad=need_grad
+    )
+
+
+# --- activations and dropout (notes 8.2) ------------------------------------------------------
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_erf = np.frompyfunc(math.erf, 1, 1)  # exact erf; numpy has none (only the 'none' GELU uses it)
+
+
+class Gelu(Function):
+    # tanh:  y = x/2 (1 + tanh(u)), u = sqrt(2/pi)(x + 0.044715 x^3)
+    #        dy/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) sqrt(2/pi)(1 + 3*0.044715 x^2)
+    # none:  y = x Phi(x);  dy/dx = Phi(x) + x phi(x)
+    def forward(self, x, approximate="tanh"):
+        if approximate == "tanh":
+            t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))
+            self.save_for_backward(x, t, approximate)
+            return 0.5 * x * (1 + t)
+        cdf = (0.5 * (1 + _erf(x / math.sqrt(2.0)))).astype(x.dtype)
+        self.save_for_backward(x, cdf, approximate)
+        return x * cdf
+
+    def backward(self, g):
+        x, saved, approximate = self.saved
+        if approximate == "tanh":
+            t = saved
+            du = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+            return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du),)
+        pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        return (g * (saved + x * pdf),)
+
+
+def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
+    """GELU; approximate='tanh' (GPT-2's) or 'none' (exact, x * Phi(x))."""
+    if approximate not in ("tanh", "none"):
+        raise ValueError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")
+    return Gelu.apply(_tensor(x), approximate=approximate)
+
+
+def relu(x: Tensor) -> Tensor:
+    """max(x, 0)."""
+    return _tensor(x).relu()
+
+
+class Dropout(Function):
+    # y = x * keep, keep = Bernoulli(1 - p) / (1 - p) (inverted: the mean is unchanged)
+    # dx = g * keep
+    def forward(self, x, keep=None):
+        self.save_for_backward(keep)
+        return x * keep
+
+    def backward(self, g):
+        (keep,) = self.saved
+        return (g * keep,)
+
+
+_dropout_rng = np.random.default_rng(0)
+
+
+def dropout(
+    x: Tensor, p: float = 0.5, training: bool = True, rng: np.random.Generator | None = None
+) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1/(1-p), in training only.
+
+    rng: the Generator that draws the mask (pass one for reproducible runs); by default a
+    module-level Generator seeded with 0.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    x = _tensor(x)
+    if not training or p == 0.0:
+        return x
+    rng = _dropout_rng if rng is None else rng
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+    keep = (rng.random(x.shape) >= p).astype(x.dtype) * x.dtype.type(scale)
+    return Dropout.apply(x, keep=keep)
+
+
+# --- attention (notes 7.4, 10.5-10.7) ---------------------------------------------------------
+
+
+class Attention(Function):
+    # S = q k^T / sqrt(D) on the allowed set, A = softmax(S), O = A v  (notes 3.3, 7.4)
+    # dv = A^T dO; dA = dO v^T; dS = A (dA - rowsum(dA A))   (notes 10.5, 10.6)
+    # dq = dS k / sqrt(D); dk = dS^T q / sqrt(D)             (notes 10.7)
+    # The kernel keeps only O and one log-sum-exp per row and recomputes A in backward.
+    def forward(self, q, k, v, causal=True):
+        o, lse = kernels.attention_forward(q, k, v, causal)
+        self.save_for_backward(q, k, v, o, lse, causal)
+        return o
+
+    def backward(self, g):
+        q, k, v, o, lse, causal = self.saved
+        return kernels.attention_backward(q, k, v, o, lse, g, causal)
+
+
+class MaskedAttention(Function):
+    # The same op with an explicit allowed set (boolean, broadcast to (B, H, Tq, Tk)); plain numpy.
+    def forward(self, q, k, v, allowed=None):
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = np.where(allowed, q @ np.swapaxes(k, -1, -2) * scale, -np.inf)
+        a = kernels.softmax_forward(scores)
+        self.save_for_backward(q, k, v, a, scale)
+        return a @ v
+
+    def backward(self, g):
+        q, k, v, a, scale = self.saved
+        ga = g @ np.swapaxes(v, -1, -2)
+        gs = kernels.softmax_backward(a, ga) * scale  # zero where not allowed, since a is 0 there
+        gv = np.swapaxes(a, -1, -2) @ g
+        return gs @ k, np.swapaxes(gs, -1, -2) @ q, gv
+
+
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool = True, mask: Any = None
+) -> Tensor:
+    """softmax(q k^T / sqrt(D)) v over (B, H, T, D) inputs (notes 3.3, 7.4).
+
+    q (B, H, Tq, D); k, v (B, H, Tk, D). causal: query i may read keys j <= i + (Tk - Tq) (with
+    Tq == Tk that is j <= i; a KV-cache step with Tq = 1 reads every cached key). mask: optional
+    boolean allowed set broadcastable to (B, H, Tq, Tk), combined with causal. A query row with no
+    allowed key is an error (notes 7.4: the softmax over an empty set has no meaning).
+    """
+    q, k, v = _tensor(q), _tensor(k), _tensor(v)
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            "scaled_dot_product_attention: q, k, v must be 4-d (B, H, T, D), got "
+            f"{q.shape}, {k.shape}, {v.shape}"
+        )
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(
+            "scaled_dot_product_attention: q (B, H, Tq, D) and k, v (B, H, Tk, D) must agree, got "
+            f"q {q.shape}, k {k.shape}, v {v.shape}"
+        )
+    tq, tk = q.shape[2], k.shape[2]
+    if mask is None and (not causal or tq <= tk):
+        return Attention.apply(q, k, v, causal=causal)
+    allowed = np.ones((tq, tk), dtype=bool)
+    if causal:
+        allowed = np.tril(allowed, k=tk - tq)
+    if mask is not None:
+        mask = np.asarray(mask.data if isinstance(mask, Tensor) else mask)
+        if mask.dtype != np.bool_:
+            raise TypeError(f"scaled_dot_product_attention: mask must be boolean, got {mask.dtype}")
+        try:
+            allowed = np.broadcast_to(allowed & mask, q.shape[:2] + (tq, tk))
+        except ValueError:
+            raise ValueError(
+                f"scaled_dot_product_attention: mask {mask.shape} does not broadcast to "
+                f"(B, H, Tq, Tk) = {q.shape[:2] + (tq, tk)}"
+            ) from None
+    empty = ~allowed.any(axis=-1)
+    if empty.any():
+        row = tuple(int(i) for i in np.argwhere(empty)[0])
+        raise ValueError(
+            f"scaled_dot_product_attention: query row {row} has no allowed key (a fully masked "
+            f"row; q {q.shape}, k {k.shape}, causal={causal}); every row needs one (notes 7.4)"
+        )
+    return MaskedAttention.apply(q, k, v, allowed=allowed)
+
+
+__all__ = [
+    "cross_entropy",
+    "dropout",
+    "embedding",
+    "gather",
+    "gelu",
+    "layer_norm",
+    "log_softmax",
+    "logsumexp",
+    "relu",
+    "rms_norm",
+    "scaled_dot_product_attention",
+    "softmax",
+]
