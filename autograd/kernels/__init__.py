@@ -1,0 +1,157 @@
+"""Hot-loop kernels on plain numpy arrays, each beside the numpy reference it must match.
+
+Backends
+--------
+Every public function below dispatches to one of two implementations:
+
+- ``"numba"`` (default): parallel Numba kernels (``prange`` over rows or heads).
+- ``"numpy"``: the plain, vectorised numpy reference. Read these first; they are the spec.
+
+Pick the backend with the environment variable ``GLASSGRAD_KERNELS=numpy`` (read once, at import),
+``set_backend(name)``, or temporarily with ``with use_backend("numpy"): ...``. The setting is one
+module-level value shared by all threads: switch it from one thread while no other thread is
+calling kernels (``use_backend`` restores the previous value on exit, also on error).
+
+Calling one path explicitly (tests, benchmarks)
+-----------------------------------------------
+Each topic module holds both variants side by side as ``<name>_numpy`` and ``<name>_numba``::
+
+    from autograd.kernels import softmax, layernorm, embedding, attention
+    softmax.softmax_forward_numpy(x)          # reference
+    softmax.softmax_forward_numba(x)          # kernel
+    attention.attention_forward_numba(q, k, v, causal=True)
+
+or by name: ``get_kernel("softmax_forward", "numpy")``.
+
+Lazy loading
+------------
+``import autograd.kernels`` imports neither Numba nor the topic modules. A topic module (which
+imports Numba) is imported on the first call that needs it, and each Numba kernel is compiled on
+its first call with a given dtype (``cache=True``: later processes load the compiled code from
+``__pycache__``).
+
+Conventions: inputs are numpy arrays (copied to C-contiguous float32/float64 if needed; companion
+arrays are cast to the dtype of the first one), outputs are new arrays of that dtype, inputs are
+never modified, and bad shapes raise ``ValueError`` naming the kernel and the shapes.
+"""
+
+import importlib
+import os
+from contextlib import contextmanager
+
+BACKENDS = ("numba", "numpy")
+
+# public name -> topic module that implements it
+_TOPIC = {
+    "softmax_forward": "softmax",
+    "softmax_backward": "softmax",
+    "log_softmax_forward": "softmax",
+    "log_softmax_backward": "softmax",
+    "logsumexp_forward": "softmax",
+    "cross_entropy_forward": "softmax",
+    "layer_norm_forward": "layernorm",
+    "layer_norm_backward": "layernorm",
+    "embedding_backward": "embedding",
+    "attention_forward": "attention",
+    "attention_backward": "attention",
+}
+
+
+def _checked(name):
+    if name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}; valid backends: {', '.join(BACKENDS)}")
+    return name
+
+
+_backend = _checked(os.environ.get("GLASSGRAD_KERNELS", "numba"))
+
+
+def get_backend():
+    """The current backend name: "numba" or "numpy"."""
+    return _backend
+
+
+def set_backend(name):
+    """Make `name` ("numba" or "numpy") the backend for all threads."""
+    global _backend
+    _backend = _checked(name)
+
+
+@contextmanager
+def use_backend(name):
+    """Temporarily switch the backend: ``with use_backend("numpy"): ...`` (module-wide)."""
+    previous = get_backend()
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
+
+
+def get_kernel(name, backend=None):
+    """The implementation of public kernel `name` for `backend` (default: the current one)."""
+    if name not in _TOPIC:
+        raise ValueError(f"unknown kernel {name!r}; known kernels: {', '.join(_TOPIC)}")
+    module = importlib.import_module(f"{__name__}.{_TOPIC[name]}")
+    return getattr(module, f"{name}_{_checked(backend or _backend)}")
+
+
+# --- the dispatching public API; formulas and edge cases are documented on the references ---
+
+
+def softmax_forward(x):
+    """y = softmax(x) over the last axis (softmax.softmax_forward_numpy)."""
+    return get_kernel("softmax_forward")(x)
+
+
+def softmax_backward(y, gy):
+    """gx = y * (gy - sum(y * gy, -1)) (softmax.softmax_backward_numpy)."""
+    return get_kernel("softmax_backward")(y, gy)
+
+
+def log_softmax_forward(x):
+    """y = x - logsumexp(x) over the last axis (softmax.log_softmax_forward_numpy)."""
+    return get_kernel("log_softmax_forward")(x)
+
+
+def log_softmax_backward(y, gy):
+    """gx = gy - exp(y) * sum(gy, -1) (softmax.log_softmax_backward_numpy)."""
+    return get_kernel("log_softmax_backward")(y, gy)
+
+
+def logsumexp_forward(x):
+    """lse = log(sum(exp(x), -1)), shape x.shape[:-1] (softmax.logsumexp_forward_numpy)."""
+    return get_kernel("logsumexp_forward")(x)
+
+
+def cross_entropy_forward(logits, targets, ignore_index=-100, need_grad=True):
+    """(loss, dlogits) of mean NLL of log_softmax (softmax.cross_entropy_forward_numpy)."""
+    return get_kernel("cross_entropy_forward")(logits, targets, ignore_index, need_grad)
+
+
+def layer_norm_forward(x, weight, bias, eps):
+    """(y, mean, rstd) of LayerNorm over the last axis (layernorm.layer_norm_forward_numpy)."""
+    return get_kernel("layer_norm_forward")(x, weight, bias, eps)
+
+
+def layer_norm_backward(gy, x, weight, mean, rstd):
+    """(gx, gweight, gbias) of LayerNorm (layernorm.layer_norm_backward_numpy)."""
+    return get_kernel("layer_norm_backward")(gy, x, weight, mean, rstd)
+
+
+def embedding_backward(idx, gy, num_embeddings):
+    """gweight[w] = sum of gy rows whose id is w (embedding.embedding_backward_numpy)."""
+    return get_kernel("embedding_backward")(idx, gy, num_embeddings)
+
+
+def attention_forward(q, k, v, causal=True):
+    """(o, lse) of scaled dot-product attention (attention.attention_forward_numpy)."""
+    return get_kernel("attention_forward")(q, k, v, causal)
+
+
+def attention_backward(q, k, v, o, lse, go, causal=True):
+    """(gq, gk, gv) of scaled dot-product attention (attention.attention_backward_numpy)."""
+    return get_kernel("attention_backward")(q, k, v, o, lse, go, causal)
+
+
+__all__ = ["BACKENDS", "get_backend", "set_backend", "use_backend", "get_kernel", *_TOPIC]
