@@ -53,9 +53,11 @@ def gradcheck(
 ) -> GradcheckResult:
     """Check fn's analytic gradients against central differences on every input element.
 
-    Inputs with requires_grad=True are checked; they must be float64 (float32 differences are
-    too coarse). An element passes when |analytic - numeric| <= atol + rtol * |numeric|; the
-    reported relative error is |analytic - numeric| / max(1, |analytic|, |numeric|).
+    The step is eps * max(1, |x_i|), so that inputs of large magnitude (1e3, 1e4) are not
+    drowned in rounding error. Inputs with requires_grad=True are checked; they must be float64
+    (float32 differences are too coarse). An element passes when
+    |analytic - numeric| <= atol + rtol * |numeric|; the reported relative error is
+    |analytic - numeric| / max(1, |analytic|, |numeric|).
     Raises GradcheckError naming the worst element unless raise_exception=False.
     """
     checked = [i for i, t in enumerate(inputs) if t.requires_grad]
@@ -83,12 +85,13 @@ def gradcheck(
         analytic = inputs[i].grad if inputs[i].grad is not None else np.zeros_like(x)
         for index in np.ndindex(x.shape):
             original = x[index]
-            x[index] = original + eps
+            step = eps * max(1.0, abs(float(original)))  # relative step for large magnitudes
+            x[index] = original + step
             plus = loss()
-            x[index] = original - eps
+            x[index] = original - step
             minus = loss()
             x[index] = original
-            numeric = (plus - minus) / (2 * eps)
+            numeric = (plus - minus) / (2 * step)
             a = float(analytic[index])
             abs_error = abs(a - numeric)
             rel_error = abs_error / max(1.0, abs(a), abs(numeric))

@@ -9,6 +9,7 @@ the sum of both contributions (`+=`).
 
 from __future__ import annotations
 
+import os
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 _default_dtype: np.dtype = np.dtype(np.float32)
+_ENGINE_DIR = os.path.dirname(os.path.abspath(__file__))
 _grad_mode = threading.local()  # per-thread: no_grad() in one thread never affects another
 
 
@@ -145,7 +147,7 @@ class Function:
         requires_grad = any(t.requires_grad for t in inputs) and is_grad_enabled()
         out = Tensor._make(out_data, requires_grad)
         if _Anomaly.enabled:
-            fn.created_at = traceback.extract_stack()[:-2]
+            fn.created_at = traceback.extract_stack()[:-1]
             _check_finite(out_data, f"forward output of {cls.__name__}", fn, arrays)
         if requires_grad:
             fn.inputs = inputs
@@ -163,10 +165,11 @@ class Function:
 def _check_finite(array: np.ndarray, what: str, fn: Function, arrays: Sequence[Any]) -> None:
     if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
         bad = "NaN" if np.isnan(array).any() else "Inf"
-        where = getattr(fn, "created_at", None)
+        # The innermost frame outside the engine is the user's line that created the op.
+        user_frames = [f for f in getattr(fn, "created_at", ()) if _ENGINE_DIR not in f.filename]
         origin = ""
-        if where:
-            frame = where[-1]
+        if user_frames:
+            frame = user_frames[-1]
             origin = f"\n  op created at {frame.filename}:{frame.lineno}: {frame.line}"
         raise AnomalyError(
             f"detect_anomaly: {bad} in {what} (op {fn.name}, inputs: {_describe(arrays)}, "

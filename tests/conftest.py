@@ -1,0 +1,45 @@
+"""Shared test setup: hypothesis profiles and a clean global state around every test.
+
+Profiles (select with HYPOTHESIS_PROFILE): "ci" (what `make test` and CI run: derandomized, so a red
+CI run always means a real bug and reruns identically), "dev" (the default: the same size, random),
+"thorough" (many more examples, to run on demand). No deadlines anywhere: the first call of a Numba
+kernel compiles it, which would trip a per-example deadline.
+"""
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import autograd
+from autograd import kernels
+
+_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile("ci", max_examples=25, derandomize=True, **_common)
+settings.register_profile("dev", max_examples=25, **_common)
+settings.register_profile("thorough", max_examples=400, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture(autouse=True)
+def _restore_global_state():
+    """Tests may switch the default dtype or kernel backend; never let that leak into the next."""
+    dtype, backend = autograd.get_default_dtype(), kernels.get_backend()
+    yield
+    autograd.set_default_dtype(dtype)
+    kernels.set_backend(backend)
+
+
+@pytest.fixture
+def float64():
+    """Make float64 the default dtype for this test (central differences need it)."""
+    autograd.set_default_dtype(np.float64)
+    yield
+
+
+@pytest.fixture(params=["numba", "numpy"])
+def backend(request):
+    """Run a test once with the Numba kernels and once with the numpy references."""
+    kernels.set_backend(request.param)
+    return request.param
