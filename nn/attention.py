@@ -1,0 +1,214 @@
+"""The Transformer pieces: causal self-attention (+ KV cache, rotary positions) and the Block.
+
+Submodule names follow Hugging Face GPT-2 (`c_attn`, `c_proj`, `ln_1`, `attn`, `ln_2`, `mlp`), so
+checkpoints map 1:1. Shapes: B batch, T positions, C = n_embd, H heads, D = C / H per head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import autograd.functional as F
+from autograd import Function, Tensor, is_grad_enabled
+from nn.layers import MLP, Dropout, LayerNorm, Linear, _rng, child_rng, linear
+from nn.module import Module
+
+
+class LayerKVCache:
+    """One layer's keys and values for generation (notes 12.4), preallocated to max_len.
+
+    In a causal network a new token does not change what earlier positions may see, so their K/V
+    never change: each step appends only the new positions' K/V (O(t * D) per append, the past is
+    never copied again) and attends over all of them.
+    """
+
+    def __init__(
+        self, batch: int, n_head: int, max_len: int, head_dim: int, dtype: object = np.float32
+    ) -> None:
+        self.k = np.empty((batch, n_head, max_len, head_dim), dtype=dtype)
+        self.v = np.empty((batch, n_head, max_len, head_dim), dtype=dtype)
+        self.max_len = max_len
+        self.length = 0
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Store k, v (B, H, t, D) after the cached positions; return views of all of them."""
+        expected = self.k.shape[:2] + (k.shape[2],) + self.k.shape[3:]
+        if k.shape != expected or v.shape != expected:
+            raise ValueError(
+                f"LayerKVCache.append: k {k.shape} and v {v.shape} must be (B, H, t, D) = "
+                f"{expected} to match the cache {self.k.shape}"
+            )
+        end = self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(
+                f"LayerKVCache.append: {self.length} cached + {k.shape[2]} new positions exceed "
+                f"max_len {self.max_len}"
+            )
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reset(self) -> None:
+        """Forget the cached positions (the buffers are reused)."""
+        self.length = 0
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate each coordinate pair (x[..., r], x[..., r + D/2]) by the angle whose cos/sin given."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    out = np.empty_like(x)
+    out[..., :half] = x1 * cos - x2 * sin
+    out[..., half:] = x1 * sin + x2 * cos
+    return out
+
+
+class Rotary(Function):
+    # Rotary position embedding (notes 8.6): position p turns the pair (x1_r, x2_r) by p * w_r:
+    #   y1 = x1 cos - x2 sin,  y2 = x1 sin + x2 cos.
+    # A rotation is orthogonal, so its VJP is the inverse rotation (angle -p * w_r):
+    #   dx1 = g1 cos + g2 sin,  dx2 = -g1 sin + g2 cos.
+    def forward(self, x, cos=None, sin=None):
+        self.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin)
+
+    def backward(self, g):
+        cos, sin = self.saved
+        return (_rotate(g, cos, -sin),)
+
+
+def rotary_tables(max_len: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, ...]:
+    """cos and sin of p * w_r for positions p < max_len, w_r = base^(-2r / D), r < D/2 (float64)."""
+    if head_dim % 2:
+        raise ValueError(f"rotary: head_dim must be even to form coordinate pairs, got {head_dim}")
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles), np.sin(angles)
+
+
+def apply_rotary(x: Tensor, cos: np.ndarray, sin: np.ndarray, offset: int = 0) -> Tensor:
+    """Rotate x (B, H, T, D) for absolute positions offset .. offset + T - 1 (notes 8.6)."""
+    t = x.shape[-2]
+    if offset + t > cos.shape[0]:
+        raise ValueError(
+            f"rotary: positions up to {offset + t - 1} exceed the table's max_len {cos.shape[0]}"
+        )
+    c = cos[offset : offset + t].astype(x.dtype, copy=False)
+    s = sin[offset : offset + t].astype(x.dtype, copy=False)
+    return Rotary.apply(x, cos=c, sin=s)
+
+
+class CausalSelfAttention(Module):
+    """Multi-head causal self-attention (notes 7.4, 8.1) with a fused q/k/v projection.
+
+    `c_attn` (C, 3C) holds W_Q | W_K | W_V side by side (GPT-2's layout); its output columns are
+    [q | k | v], each split into heads as (B, T, H, D) -> (B, H, T, D). The heads' outputs are
+    concatenated back to (B, T, C) and projected by `c_proj` (W_O, notes 8.1).
+    """
+
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        rotary: bool = False,
+        max_len: int = 1024,
+        rng: np.random.Generator | None = None,
+        n_layer: int = 1,
+    ) -> None:
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(
+                f"CausalSelfAttention: n_embd {n_embd} must be divisible by n_head {n_head}"
+            )
+        rng = _rng(rng)
+        self.n_embd = n_embd
+        self.n_head = n_head
+        self.head_dim = n_embd // n_head
+        self.rotary = rotary
+        self.max_len = max_len
+        self.c_attn = Linear(n_embd, 3 * n_embd, bias=bias, rng=rng)
+        # c_proj writes into the residual stream: GPT-2 scales its init by 1/sqrt(2 * n_layer).
+        self.c_proj = Linear(n_embd, n_embd, bias=bias, rng=rng, std=0.02 / math.sqrt(2 * n_layer))
+        self.resid_dropout = Dropout(dropout, rng=child_rng(rng))
+        if rotary:
+            self._cos, self._sin = rotary_tables(max_len, self.head_dim)
+
+    def forward(self, x: Tensor, kv_cache: LayerKVCache | None = None) -> Tensor:
+        if x.ndim != 3 or x.shape[-1] != self.n_embd:
+            raise ValueError(f"CausalSelfAttention: x must be (B, T, {self.n_embd}), got {x.shape}")
+        B, T, C = x.shape
+        H, D = self.n_head, self.head_dim
+        # q, k, v from the column blocks of the fused weight: three (C, C) products instead of
+        # slicing a (B, T, 3C) output, whose backward would fill three full-size zero arrays.
+        w, b = self.c_attn.weight, self.c_attn.bias
+        q, k, v = (
+            linear(x, w[:, i * C : (i + 1) * C], None if b is None else b[i * C : (i + 1) * C])
+            .reshape(B, T, H, D)
+            .transpose(0, 2, 1, 3)
+            for i in range(3)
+        )
+        offset = 0 if kv_cache is None else kv_cache.length
+        if self.rotary:
+            q = apply_rotary(q, self._cos, self._sin, offset)
+            k = apply_rotary(k, self._cos, self._sin, offset)
+        if kv_cache is not None:
+            if is_grad_enabled() and (x.requires_grad or w.requires_grad):
+                raise RuntimeError(
+                    "CausalSelfAttention: the KV cache holds constants, so gradients cannot flow "
+                    "through it; run generation under autograd.no_grad()"
+                )
+            k_all, v_all = kv_cache.append(k.data, v.data)
+            k = Tensor(k_all, dtype=k_all.dtype)
+            v = Tensor(v_all, dtype=v_all.dtype)
+        # Causal, bottom-right aligned: new query i (at offset + i) reads keys j <= offset + i.
+        y = F.scaled_dot_product_attention(q, k, v, causal=True)
+        y = y.transpose(0, 2, 1, 3).reshape(B, T, C)  # concatenate the heads (notes 8.1)
+        return self.resid_dropout(self.c_proj(y))
+
+    def extra_repr(self) -> str:
+        return f"n_embd={self.n_embd}, n_head={self.n_head}, rotary={self.rotary}"
+
+
+class Block(Module):
+    """One Transformer layer (notes 8.5): attention then MLP, each with a residual and a LayerNorm.
+
+    pre_ln=True (default, GPT-2):  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x)).
+    pre_ln=False (Post-LN, the 2017 paper):  x = ln_1(x + attn(x));  x = ln_2(x + mlp(x)).
+    """
+
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        rotary: bool = False,
+        max_len: int = 1024,
+        pre_ln: bool = True,
+        rng: np.random.Generator | None = None,
+        n_layer: int = 1,
+    ) -> None:
+        super().__init__()
+        rng = _rng(rng)
+        self.pre_ln = pre_ln
+        self.ln_1 = LayerNorm(n_embd, bias=bias)
+        self.attn = CausalSelfAttention(
+            n_embd, n_head, dropout, bias, rotary, max_len, rng=rng, n_layer=n_layer
+        )
+        self.ln_2 = LayerNorm(n_embd, bias=bias)
+        self.mlp = MLP(n_embd, dropout, bias, rng=rng, n_layer=n_layer)
+
+    def forward(self, x: Tensor, kv_cache: LayerKVCache | None = None) -> Tensor:
+        if self.pre_ln:
+            x = x + self.attn(self.ln_1(x), kv_cache)
+            return x + self.mlp(self.ln_2(x))
+        x = self.ln_1(x + self.attn(x, kv_cache))
+        return self.ln_2(x + self.mlp(x))
+
+    def extra_repr(self) -> str:
+        return "" if self.pre_ln else "post_ln"

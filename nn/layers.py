@@ -1,0 +1,219 @@
+"""The basic layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, GELU, ReLU and the MLP.
+
+Row-vector convention (notes 3.2): a layer computes `x @ W + b` with `W` shaped (in, out).
+Every layer creates its parameters in `autograd.get_default_dtype()` and draws its initial values
+from an optional `rng` (a numpy Generator; default `np.random.default_rng(0)`), GPT-2 style:
+normal(0, 0.02) weights, zero biases.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+import autograd.functional as F
+from autograd import Function, Tensor
+from nn.module import Module, Parameter
+
+
+def _rng(rng: np.random.Generator | None) -> np.random.Generator:
+    return np.random.default_rng(0) if rng is None else rng
+
+
+def child_rng(rng: np.random.Generator) -> np.random.Generator:
+    """An independent Generator derived from `rng` (each Dropout gets its own mask stream)."""
+    return rng.spawn(1)[0]
+
+
+class LinearFn(Function):
+    # out = x @ W + b over the last axis of x (any leading dims), as one 2-d product:
+    # dx = g @ W^T;  dW = x^T g;  db = sum of g over rows      (notes 10.4)
+    # Flattening the leading dims turns dW into a single (in, N) @ (N, out) GEMM instead of a
+    # batched product followed by a sum.
+    def forward(self, x, weight, bias=None):
+        if x.shape[-1] != weight.shape[0]:
+            raise ValueError(
+                f"linear: x's last dimension {x.shape[-1]} must equal weight's in_features "
+                f"{weight.shape[0]} (x {x.shape}, weight {weight.shape})"
+            )
+        x2 = x.reshape(-1, x.shape[-1])
+        out = x2 @ weight
+        if bias is not None:
+            out += bias
+        self.save_for_backward(x2, weight, x.shape)
+        return out.reshape(x.shape[:-1] + (weight.shape[1],))
+
+    def backward(self, g):
+        x2, weight, x_shape = self.saved
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = (g2 @ weight.T).reshape(x_shape)
+        gw = x2.T @ g2
+        return gx, gw, g2.sum(axis=0)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight + bias with weight (in, out) (notes 3.2), for x of any shape (..., in)."""
+    if weight.ndim != 2 or (bias is not None and bias.shape != weight.shape[1:]):
+        raise ValueError(
+            f"linear: weight must be (in, out) and bias (out,), got weight {weight.shape}, "
+            f"bias {None if bias is None else bias.shape}"
+        )
+    if bias is None:
+        return LinearFn.apply(x, weight)
+    return LinearFn.apply(x, weight, bias)
+
+
+class Linear(Module):
+    """y = x @ weight + bias; weight (in_features, out_features) ~ N(0, std^2), bias zeros."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        rng: np.random.Generator | None = None,
+        std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = Parameter(_rng(rng).normal(0.0, std, size=(in_features, out_features)))
+        self.bias = Parameter(np.zeros(out_features)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+class Embedding(Module):
+    """A lookup table: row `i` of weight (num_embeddings, embedding_dim) is token i's vector."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        rng: np.random.Generator | None = None,
+        std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.weight = Parameter(_rng(rng).normal(0.0, std, size=(num_embeddings, embedding_dim)))
+
+    def forward(self, idx: Any) -> Tensor:
+        return F.embedding(self.weight, idx)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class LayerNorm(Module):
+    """LayerNorm over the last axis (notes 8.4: population variance, eps inside the sqrt)."""
+
+    def __init__(self, n: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.n = n
+        self.eps = eps
+        self.weight = Parameter(np.ones(n))
+        self.bias = Parameter(np.zeros(n)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.n}, eps={self.eps}, bias={self.bias is not None}"
+
+
+class RMSNorm(Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis (no centring, no bias)."""
+
+    def __init__(self, n: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.n = n
+        self.eps = eps
+        self.weight = Parameter(np.ones(n))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.n}, eps={self.eps}"
+
+
+class Dropout(Module):
+    """Zero elements with probability p in training mode (scaling the rest by 1/(1-p)).
+
+    rng: the Generator for the masks; None uses F.dropout's shared, seeded Generator.
+    """
+
+    def __init__(self, p: float = 0.5, rng: np.random.Generator | None = None) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
+        self.p = p
+        self.rng = rng
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.p, self.training, self.rng)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class GELU(Module):
+    """GELU activation; approximate='tanh' is GPT-2's, 'none' the exact x * Phi(x)."""
+
+    def __init__(self, approximate: str = "tanh") -> None:
+        super().__init__()
+        if approximate not in ("tanh", "none"):
+            raise ValueError(f"GELU: approximate must be 'tanh' or 'none', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class ReLU(Module):
+    """max(x, 0) (notes 8.2)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.relu()
+
+
+class MLP(Module):
+    """The position-wise feed-forward network (notes 8.2): GELU(x W1 + b1) W2 + b2, then dropout.
+
+    Hidden size 4 * n_embd; `c_fc`/`c_proj` are GPT-2's names. c_proj writes into the residual
+    stream, so its init std is 0.02 / sqrt(2 * n_layer) (GPT-2: keeps the residual sum's variance
+    from growing with depth).
+    """
+
+    def __init__(
+        self,
+        n_embd: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        rng: np.random.Generator | None = None,
+        n_layer: int = 1,
+    ) -> None:
+        super().__init__()
+        rng = _rng(rng)
+        self.c_fc = Linear(n_embd, 4 * n_embd, bias=bias, rng=rng)
+        self.gelu = GELU("tanh")
+        self.c_proj = Linear(
+            4 * n_embd, n_embd, bias=bias, rng=rng, std=0.02 / math.sqrt(2 * n_layer)
+        )
+        self.dropout = Dropout(dropout, rng=child_rng(rng))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
