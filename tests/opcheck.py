@@ -18,13 +18,15 @@ def check_op(
     arrays: Sequence[np.ndarray],
     differentiable: Sequence[bool] | None = None,
     forward_rtol: float = 1e-10,
-    eps: float = 1e-6,
+    eps: float | None = None,
 ) -> None:
     """Check `op` (Tensors -> Tensor) on float64 copies of `arrays`.
 
     Forward: equal to `reference` (the same maths written with plain numpy) within forward_rtol.
     Backward: every input marked differentiable is gradchecked against central differences and
-    the worst relative error must be <= MAX_REL_ERROR.
+    the worst relative error must be <= MAX_REL_ERROR. The default step grows with the inputs'
+    magnitude, 1e-6 * max(1, |x|)^(2/3), balancing rounding error in L (which grows with |x|)
+    against truncation error (which grows with the step): at |x| ~ 1e3 the step is 1e-4.
     """
     autograd.set_default_dtype(np.float64)
     differentiable = differentiable or [True] * len(arrays)
@@ -38,6 +40,10 @@ def check_op(
         expected = reference(*[np.array(a, dtype=np.float64) for a in arrays])
         np.testing.assert_allclose(out.data, expected, rtol=forward_rtol, atol=forward_rtol)
     tensors = [t for t in inputs if isinstance(t, Tensor)]
+    if eps is None:
+        finite = [np.abs(t.data[np.isfinite(t.data)]) for t in tensors]
+        magnitude = max([1.0] + [float(f.max()) for f in finite if f.size])
+        eps = 1e-6 * magnitude ** (2 / 3)
 
     def op_of_tensors(*ts):
         it = iter(ts)
