@@ -42,15 +42,15 @@ class LinearFn(Function):
         out = x2 @ weight
         if bias is not None:
             out += bias
-        self.save_for_backward(x2, weight, x.shape)
+        self.save_for_backward(x2, weight, x.shape, bias is not None)
         return out.reshape(x.shape[:-1] + (weight.shape[1],))
 
     def backward(self, g):
-        x2, weight, x_shape = self.saved
+        x2, weight, x_shape, has_bias = self.saved
         g2 = g.reshape(-1, g.shape[-1])
         gx = (g2 @ weight.T).reshape(x_shape)
         gw = x2.T @ g2
-        return gx, gw, g2.sum(axis=0)
+        return (gx, gw, g2.sum(axis=0)) if has_bias else (gx, gw)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
