@@ -106,7 +106,7 @@ def save_safetensors(
                 f"save_safetensors: {name!r} has dtype {array.dtype}; supported: "
                 f"{', '.join(str(d) for d in _NAMES)}"
             )
-        array = np.ascontiguousarray(array, dtype=dtype)
+        array = array.astype(dtype, order="C", copy=False)  # keeps 0-d arrays 0-d
         header[name] = {
             "dtype": _NAMES[dtype],
             "shape": list(array.shape),
