@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 
+import autograd.functional as F
+from autograd import Tensor
 from models import worked_example as we
 
 HALF_ULP_6 = 5e-7  # half a unit in the 6th decimal
@@ -185,3 +187,20 @@ def test_explain_prints_graph_trace_and_tables(capsys):
     assert steps and "CrossEntropy -> L" in steps[0]
     assert "(sum of 4 contributions)" in out  # X feeds the residual, Q, K and V
     assert f"{NOTES_AFTER['L']:.6f}" in out
+
+
+def test_explicit_attention_ops_agree_with_the_fused_attention():
+    # The example spells attention out (S, mask, softmax, A V) to show each step; the engine's
+    # fused op must give the same Z and the same gradients for Q, K, V.
+    model = we.WorkedExample()
+    f = model.forward()
+    for t in (f.Q, f.K, f.V):
+        t.retain_grad()
+    f.L.backward()
+    q, k, v = (t.data[None, None].copy() for t in (f.Q, f.K, f.V))
+    q, k, v = (Tensor(a, requires_grad=True, dtype=np.float64) for a in (q, k, v))
+    Z = F.scaled_dot_product_attention(q, k, v, causal=True)
+    np.testing.assert_allclose(Z.data[0, 0], f.Z.data, atol=1e-15)
+    Z.backward(f.Z.grad[None, None])
+    for ours, fused in ((f.Q, q), (f.K, k), (f.V, v)):
+        np.testing.assert_allclose(fused.grad[0, 0], ours.grad, atol=1e-12)
