@@ -7,7 +7,7 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 def float_array(a, kernel, name, dtype=None):
     """`a` as a C-contiguous float32/float64 array; `dtype` casts a companion array to the first."""
-    a = np.ascontiguousarray(a, dtype=dtype)
+    a = np.asarray(a, dtype=dtype, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
     if a.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{kernel}: {name} must be float32 or float64, got {a.dtype}")
     return a
@@ -18,7 +18,7 @@ def int_array(a, kernel, name):
     a = np.asarray(a)
     if not np.issubdtype(a.dtype, np.integer):
         raise ValueError(f"{kernel}: {name} must be an integer array, got {a.dtype}")
-    return np.ascontiguousarray(a, dtype=np.int64)
+    return np.asarray(a, dtype=np.int64, order="C")
 
 
 def last_axis(x, kernel, name="x"):
