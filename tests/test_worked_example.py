@@ -191,16 +191,22 @@ def test_explain_prints_graph_trace_and_tables(capsys):
 
 def test_explicit_attention_ops_agree_with_the_fused_attention():
     # The example spells attention out (S, mask, softmax, A V) to show each step; the engine's
-    # fused op must give the same Z and the same gradients for Q, K, V.
+    # fused op must give the same Z and the same gradients. The fused op wants one width D for
+    # q, k and v, while here d_k = 1 and d_v = 2: pad q and k with a zero column and scale q by
+    # sqrt(2), so that q' k'^T / sqrt(2) = q k^T / sqrt(1) stays the notes' S0.
     model = we.WorkedExample()
     f = model.forward()
-    for t in (f.Q, f.K, f.V):
+    for t in (f.Q, f.K, f.V, f.Z):
         t.retain_grad()
     f.L.backward()
-    q, k, v = (t.data[None, None].copy() for t in (f.Q, f.K, f.V))
-    q, k, v = (Tensor(a, requires_grad=True, dtype=np.float64) for a in (q, k, v))
+    pad = np.zeros((2, 1))
+    q = Tensor(np.hstack([f.Q.data * np.sqrt(2), pad])[None, None], dtype=np.float64)
+    k = Tensor(np.hstack([f.K.data, pad])[None, None], requires_grad=True, dtype=np.float64)
+    v = Tensor(f.V.data[None, None], requires_grad=True, dtype=np.float64)
+    q.requires_grad = True
     Z = F.scaled_dot_product_attention(q, k, v, causal=True)
     np.testing.assert_allclose(Z.data[0, 0], f.Z.data, atol=1e-15)
     Z.backward(f.Z.grad[None, None])
-    for ours, fused in ((f.Q, q), (f.K, k), (f.V, v)):
-        np.testing.assert_allclose(fused.grad[0, 0], ours.grad, atol=1e-12)
+    np.testing.assert_allclose(q.grad[0, 0, :, :1] * np.sqrt(2), f.Q.grad, atol=1e-12)
+    np.testing.assert_allclose(k.grad[0, 0, :, :1], f.K.grad, atol=1e-12)
+    np.testing.assert_allclose(v.grad[0, 0], f.V.grad, atol=1e-12)
