@@ -12,7 +12,7 @@ import numpy as np
 
 import autograd.functional as F
 from autograd import Function, Tensor, is_grad_enabled
-from nn.layers import MLP, Dropout, LayerNorm, Linear, _rng, child_rng, linear
+from nn.layers import MLP, Dropout, LayerNorm, Linear, _rng, child_rng
 from nn.module import Module
 
 
@@ -143,21 +143,16 @@ class CausalSelfAttention(Module):
             raise ValueError(f"CausalSelfAttention: x must be (B, T, {self.n_embd}), got {x.shape}")
         B, T, C = x.shape
         H, D = self.n_head, self.head_dim
-        # q, k, v from the column blocks of the fused weight: three (C, C) products instead of
-        # slicing a (B, T, 3C) output, whose backward would fill three full-size zero arrays.
-        w, b = self.c_attn.weight, self.c_attn.bias
-        q, k, v = (
-            linear(x, w[:, i * C : (i + 1) * C], None if b is None else b[i * C : (i + 1) * C])
-            .reshape(B, T, H, D)
-            .transpose(0, 2, 1, 3)
-            for i in range(3)
-        )
+        # One (C, 3C) product; its columns [q | k | v] split into heads: (B, T, 3, H, D) ->
+        # (3, B, H, T, D). (Measured faster than three (C, C) products on column slices of W.)
+        qkv = self.c_attn(x).reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
         offset = 0 if kv_cache is None else kv_cache.length
         if self.rotary:
             q = apply_rotary(q, self._cos, self._sin, offset)
             k = apply_rotary(k, self._cos, self._sin, offset)
         if kv_cache is not None:
-            if is_grad_enabled() and (x.requires_grad or w.requires_grad):
+            if is_grad_enabled() and qkv.requires_grad:
                 raise RuntimeError(
                     "CausalSelfAttention: the KV cache holds constants, so gradients cannot flow "
                     "through it; run generation under autograd.no_grad()"
