@@ -1,0 +1,435 @@
+"""autograd.kernels: every Numba kernel against its numpy reference, gradient checks of both
+backwards by central differences, backend dispatch, error messages, and the attention memory bound.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autograd import kernels
+from autograd.kernels import attention, embedding, layernorm, softmax
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BACKENDS = ("numpy", "numba")
+dtypes = st.sampled_from([np.float32, np.float64])
+seeds = st.integers(0, 2**32 - 1)
+
+
+def assert_close(actual, expected, dtype, scale=1.0):
+    """float64: 1e-10 relative; float32: 1e-4, with the absolute part scaled to the data."""
+    tol = 1e-10 if dtype == np.float64 else 1e-4
+    assert actual.dtype == dtype, (actual.dtype, dtype)
+    np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale)
+
+
+def rows_shape(draw, max_rows=4):
+    lead = draw(st.lists(st.integers(1, max_rows), min_size=0, max_size=2))
+    return (*lead, draw(st.integers(1, 70)))
+
+
+# ---------------------------------------------------------------------------------------------
+# softmax family
+# ---------------------------------------------------------------------------------------------
+
+
+@st.composite
+def softmax_inputs(draw):
+    """Rows with -inf entries, some fully -inf rows, and magnitudes up to 1e4."""
+    shape = rows_shape(draw)
+    rng = np.random.default_rng(draw(seeds))
+    scale = draw(st.sampled_from([1.0, 30.0, 1e4]))
+    x = rng.standard_normal(shape) * scale
+    x[rng.random(shape) < draw(st.sampled_from([0.0, 0.3]))] = -np.inf
+    if draw(st.booleans()):
+        x.reshape(-1, shape[-1])[0] = -np.inf  # a fully masked row
+    return x.astype(draw(dtypes)), scale
+
+
+@given(softmax_inputs(), seeds)
+@settings(deadline=None)
+def test_softmax_family_matches_reference(inputs, seed):
+    x, scale = inputs
+    dt = x.dtype.type
+    gy = np.random.default_rng(seed).standard_normal(x.shape).astype(dt)
+    x_before = x.copy()
+    checks = (
+        ("softmax_forward", 1.0),
+        ("log_softmax_forward", scale),
+        ("logsumexp_forward", scale),
+    )
+    for name, s in checks:
+        ref = getattr(softmax, f"{name}_numpy")(x)
+        assert_close(getattr(softmax, f"{name}_numba")(x), ref, dt, s)
+        assert not np.isnan(ref).any()  # -inf rows give documented values, never NaN
+    y = softmax.softmax_forward_numpy(x)
+    ref = softmax.softmax_backward_numpy(y, gy)
+    assert_close(softmax.softmax_backward_numba(y, gy), ref, dt, 10.0)
+    y = softmax.log_softmax_forward_numpy(x)
+    ref = softmax.log_softmax_backward_numpy(y, gy)
+    assert_close(softmax.log_softmax_backward_numba(y, gy), ref, dt, 10.0 * x.shape[-1])
+    np.testing.assert_array_equal(x, x_before)  # inputs are never modified
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_softmax_special_rows(backend):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # documented results come without warnings
+        x = np.array([[-np.inf, -np.inf, -np.inf], [0.0, -np.inf, 0.0]])
+        sm = kernels.get_kernel("softmax_forward", backend)
+        lsm = kernels.get_kernel("log_softmax_forward", backend)
+        lse = kernels.get_kernel("logsumexp_forward", backend)
+        np.testing.assert_array_equal(sm(x), [[0, 0, 0], [0.5, 0, 0.5]])
+        np.testing.assert_array_equal(lsm(x)[0], [-np.inf] * 3)
+        np.testing.assert_allclose(lsm(x)[1], [-np.log(2), -np.inf, -np.log(2)])
+        np.testing.assert_array_equal(lse(x), [-np.inf, np.log(2)])
+        gy = np.array([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+        gx = kernels.get_kernel("log_softmax_backward", backend)(lsm(x), gy)
+        np.testing.assert_allclose(gx, [[1, 2, 3], [-2, 2, 0]])  # fully -inf row: gx = gy
+        # shapes: 0-d leading dims, 1-element rows
+        assert sm(np.zeros((0, 5))).shape == (0, 5)
+        assert lse(np.ones(4)).shape == ()
+        np.testing.assert_array_equal(sm(np.full((2, 1), 7.0)), [[1.0], [1.0]])
+    with np.errstate(invalid="ignore"):  # +inf and NaN make their row NaN, and do not crash
+        bad = np.array([[1.0, np.inf, 0.0], [1.0, np.nan, 0.0], [1.0, 2.0, 3.0]])
+        for f in (sm, lsm):
+            out = f(bad)
+            assert np.isnan(out[:2]).all() and np.isfinite(out[2]).all()
+        assert np.isnan(lse(bad)[:2]).all()
+
+
+@st.composite
+def cross_entropy_inputs(draw):
+    n, vocab = draw(st.integers(1, 40)), draw(st.integers(1, 70))
+    rng = np.random.default_rng(draw(seeds))
+    scale = draw(st.sampled_from([1.0, 30.0, 1e4]))
+    logits = (rng.standard_normal((n, vocab)) * scale).astype(draw(dtypes))
+    targets = rng.integers(0, vocab, n)
+    targets[rng.random(n) < draw(st.sampled_from([0.0, 0.3, 1.0]))] = -100
+    return logits, targets, scale
+
+
+@given(cross_entropy_inputs(), st.booleans())
+@settings(deadline=None)
+def test_cross_entropy_matches_reference(inputs, need_grad):
+    logits, targets, scale = inputs
+    dt = logits.dtype.type
+    loss_ref, d_ref = softmax.cross_entropy_forward_numpy(logits, targets, -100, need_grad)
+    loss, d = softmax.cross_entropy_forward_numba(logits, targets, -100, need_grad)
+    assert isinstance(loss, float)
+    tol = 1e-10 if dt == np.float64 else 1e-5
+    assert loss == pytest.approx(loss_ref, rel=tol, abs=tol * scale)
+    if not need_grad:
+        assert d is None and d_ref is None
+        return
+    assert_close(d, d_ref, dt, 1.0 / len(targets))
+    assert not d[targets == -100].any()
+    if (targets == -100).all():
+        assert loss == 0.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cross_entropy_errors(backend):
+    ce = kernels.get_kernel("cross_entropy_forward", backend)
+    logits = np.zeros((3, 5))
+    with pytest.raises(ValueError, match=r"target 5 out of range \[0, 5\) at row 1"):
+        ce(logits, np.array([0, 5, 1]))
+    with pytest.raises(ValueError, match=r"target -1 out of range"):
+        ce(logits, np.array([0, 1, -1]))
+    with pytest.raises(ValueError, match=r"logits \(3, 5\) and targets \(2,\)"):
+        ce(logits, np.array([0, 1]))
+    loss, d = ce(logits, np.array([7, 7, 7]), ignore_index=7)
+    assert loss == 0.0 and not d.any()
+
+
+# ---------------------------------------------------------------------------------------------
+# layernorm and embedding
+# ---------------------------------------------------------------------------------------------
+
+
+@st.composite
+def layer_norm_inputs(draw):
+    shape = rows_shape(draw)
+    rng = np.random.default_rng(draw(seeds))
+    offset, spread = draw(st.sampled_from([(0.0, 1.0), (50.0, 1e-2), (-3.0, 10.0)]))
+    dt = draw(dtypes)
+    x = (offset + spread * rng.standard_normal(shape)).astype(dt)
+    w, b = (rng.standard_normal(shape[-1]).astype(dt) for _ in range(2))
+    gy = rng.standard_normal(shape).astype(dt)
+    return x, w, b, gy, abs(offset) / spread + 1  # the last: how much rounding of x is amplified
+
+
+@given(layer_norm_inputs())
+@settings(deadline=None)
+def test_layer_norm_matches_reference(inputs):
+    x, w, b, gy, cond = inputs
+    dt = x.dtype.type
+    y, mean, rstd = layernorm.layer_norm_forward_numpy(x, w, b, 1e-5)
+    y2, mean2, rstd2 = layernorm.layer_norm_forward_numba(x, w, b, 1e-5)
+    assert mean.dtype == rstd.dtype == np.float64 and mean.shape == x.shape[:-1]
+    assert_close(y2, y, dt, cond)
+    np.testing.assert_allclose(mean2, mean, rtol=1e-12, atol=1e-12 * cond)
+    np.testing.assert_allclose(rstd2, rstd, rtol=1e-10)
+    ref = layernorm.layer_norm_backward_numpy(gy, x, w, mean, rstd)
+    for got, want in zip(
+        layernorm.layer_norm_backward_numba(gy, x, w, mean, rstd), ref, strict=True
+    ):
+        assert_close(got, want, dt, cond * np.sqrt(x.size))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_norm_two_pass_variance(backend):
+    # A large offset with a tiny spread: E[x^2] - E[x]^2 would lose every digit here.
+    x = 1e4 + 1e-3 * np.random.default_rng(0).standard_normal((3, 50))
+    _, mean, rstd = kernels.get_kernel("layer_norm_forward", backend)(
+        x, np.ones(50), np.zeros(50), 0.0
+    )
+    np.testing.assert_allclose(mean, x.mean(axis=1), rtol=1e-14)
+    np.testing.assert_allclose(rstd, 1 / x.std(axis=1), rtol=1e-8)
+
+
+@given(seeds, dtypes, st.integers(1, 12), st.lists(st.integers(1, 5), min_size=0, max_size=3))
+@settings(deadline=None)
+def test_embedding_backward_matches_reference(seed, dt, num, idx_shape):
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, num, idx_shape)  # few ids, so repeats are common
+    gy = rng.standard_normal((*idx_shape, 1 + seed % 9)).astype(dt)
+    ref = embedding.embedding_backward_numpy(idx, gy, num)
+    got = embedding.embedding_backward_numba(idx, gy, num)
+    assert_close(got, ref, dt, np.sqrt(max(idx.size, 1)))
+    np.testing.assert_array_equal(embedding.embedding_backward_numba(idx, gy, num), got)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_embedding_sums_repeats_and_checks_ids(backend):
+    emb = kernels.get_kernel("embedding_backward", backend)
+    gy = np.arange(8.0).reshape(2, 2, 2)
+    np.testing.assert_array_equal(emb(np.array([[1, 1], [0, 1]]), gy, 3), [[4, 5], [8, 11], [0, 0]])
+    with pytest.raises(ValueError, match=r"id 3 out of range \[0, 3\)"):
+        emb(np.array([[1, 3], [0, 1]]), gy, 3)
+    with pytest.raises(ValueError, match=r"gy \(2, 2, 2\) must be idx.shape \+ \(C,\)"):
+        emb(np.array([1, 2]), gy, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------------------------
+
+
+@st.composite
+def attention_inputs(draw):
+    causal = draw(st.booleans())
+    tq = draw(st.sampled_from([1, 2, 5, 63, 64, 65, 130]))
+    tk = tq + draw(st.sampled_from([0, 1, 7, 64])) if causal else draw(st.integers(1, 70))
+    b, h, d = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 17]))
+    rng = np.random.default_rng(draw(seeds))
+    dt = draw(dtypes)
+    q, go = (rng.standard_normal((b, h, tq, d)).astype(dt) for _ in range(2))
+    k, v = (rng.standard_normal((b, h, tk, d)).astype(dt) for _ in range(2))
+    blocks = draw(st.sampled_from([(64, 64), (8, 5), (1, 3), (16, 64)]))
+    return q, k, v, go, causal, blocks
+
+
+@given(attention_inputs())
+@settings(deadline=None, max_examples=30)
+def test_attention_matches_reference(inputs):
+    q, k, v, go, causal, (block_q, block_k) = inputs
+    dt = q.dtype.type
+    o, lse = attention.attention_forward_numpy(q, k, v, causal)
+    saved = attention.BLOCK_Q, attention.BLOCK_K
+    attention.BLOCK_Q, attention.BLOCK_K = block_q, block_k  # small blocks cross block edges
+    try:
+        o2, lse2 = attention.attention_forward_numba(q, k, v, causal)
+        grads = attention.attention_backward_numba(q, k, v, o, lse, go, causal)
+    finally:
+        attention.BLOCK_Q, attention.BLOCK_K = saved
+    assert_close(o2, o, dt)
+    assert_close(lse2, lse, dt, 10.0)
+    for got, want in zip(
+        grads, attention.attention_backward_numpy(q, k, v, o, lse, go, causal), strict=True
+    ):
+        assert_close(got, want, dt, np.sqrt(k.shape[2]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_causal_alignment_and_errors(backend):
+    fwd = kernels.get_kernel("attention_forward", backend)
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((1, 1, 2, 4)), *rng.standard_normal((2, 1, 1, 5, 4))
+    o, _ = fwd(q, k, v, causal=True)  # KV-cache decoding: the 2 queries are positions 3 and 4
+    o_full, _ = fwd(np.concatenate([rng.standard_normal((1, 1, 3, 4)), q], axis=2), k, v)
+    np.testing.assert_allclose(o, o_full[:, :, 3:], rtol=1e-12)
+    with pytest.raises(ValueError, match=r"q \(2, 4, 8, 16\), k \(2, 4, 8, 8\).*agree in B, H, D"):
+        fwd(np.zeros((2, 4, 8, 16)), np.zeros((2, 4, 8, 8)), np.zeros((2, 4, 8, 8)))
+    with pytest.raises(ValueError, match=r"no allowed key"):
+        fwd(np.zeros((1, 1, 3, 4)), np.zeros((1, 1, 2, 4)), np.zeros((1, 1, 2, 4)))
+    with pytest.raises(ValueError, match=r"must be \(B, H, T, D\)"):
+        fwd(np.zeros((3, 4)), np.zeros((3, 4)), np.zeros((3, 4)))
+
+
+# ---------------------------------------------------------------------------------------------
+# central differences in float64: each backward (both backends) against its own forward
+# ---------------------------------------------------------------------------------------------
+
+
+def assert_vjp(loss, inputs, grads, eps=1e-6):
+    """grads[i] must equal d loss(*inputs) / d inputs[i], by central differences."""
+    for i, (x, g) in enumerate(zip(inputs, grads, strict=True)):
+        numeric = np.zeros_like(x)
+        for pos in np.ndindex(x.shape):
+            saved = x[pos]
+            x[pos] = saved + eps
+            up = loss(*inputs)
+            x[pos] = saved - eps
+            down = loss(*inputs)
+            x[pos] = saved
+            numeric[pos] = (up - down) / (2 * eps)
+        err = np.abs(numeric - g).max() / max(np.abs(numeric).max(), 1e-8)
+        assert err <= 1e-6, f"input {i}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradients_by_central_differences(backend):
+    k = lambda name: kernels.get_kernel(name, backend)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 5))
+    x[0, 0, 1] = -np.inf  # masked entries must not disturb the others' gradients
+    g = rng.standard_normal(x.shape)
+    y = k("softmax_forward")(x)
+    assert_vjp(lambda x: np.sum(k("softmax_forward")(x) * g), [x], [k("softmax_backward")(y, g)])
+    y = k("log_softmax_forward")(x)
+    g = np.where(np.isinf(y), 0, g)  # a -inf output takes no part in the loss
+    finite = lambda x: np.sum(np.where(np.isinf(y), 0, k("log_softmax_forward")(x)) * g)
+    assert_vjp(finite, [x], [k("log_softmax_backward")(y, g)])
+
+    x, w, b = rng.standard_normal((2, 3, 6)), rng.standard_normal(6), rng.standard_normal(6)
+    g = rng.standard_normal(x.shape)
+    _, mean, rstd = k("layer_norm_forward")(x, w, b, 1e-5)
+    assert_vjp(
+        lambda x, w, b: np.sum(k("layer_norm_forward")(x, w, b, 1e-5)[0] * g),
+        [x, w, b],
+        k("layer_norm_backward")(g, x, w, mean, rstd),
+    )
+
+    logits, targets = rng.standard_normal((5, 7)), np.array([1, -100, 6, 0, 6])
+    _, dlogits = k("cross_entropy_forward")(logits, targets)
+    ce = lambda logits: k("cross_entropy_forward")(logits, targets, need_grad=False)[0]
+    assert_vjp(ce, [logits], [dlogits])
+
+    idx, weight = np.array([[0, 2, 2], [3, 0, 2]]), rng.standard_normal((5, 4))
+    g = rng.standard_normal((2, 3, 4))
+    assert_vjp(lambda w: np.sum(w[idx] * g), [weight], [k("embedding_backward")(idx, g, 5)])
+
+    for causal, tq in ((True, 3), (True, 5), (False, 4)):
+        q, (kk, v) = rng.standard_normal((2, 1, tq, 3)), rng.standard_normal((2, 2, 1, 5, 3))
+        go = rng.standard_normal(q.shape)
+        o, lse = k("attention_forward")(q, kk, v, causal)
+        grads = k("attention_backward")(q, kk, v, o, lse, go, causal)
+        att = lambda q, kk, v, c=causal, go=go: np.sum(k("attention_forward")(q, kk, v, c)[0] * go)
+        assert_vjp(att, [q, kk, v], grads)
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch
+# ---------------------------------------------------------------------------------------------
+
+
+def run_python(code, *args, **env):
+    """Run `code` in a fresh interpreter; env values of None remove that variable."""
+    env = {**os.environ, "PYTHONPATH": ROOT, **env}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        cwd=ROOT,
+        env={k: v for k, v in env.items() if v is not None},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_backend_from_environment_and_lazy_numba():
+    code = """
+        import json, sys
+        import autograd, autograd.kernels as K
+        print(json.dumps([K.get_backend(), "numba" in sys.modules]))
+    """
+    for env, backend in (("numpy", "numpy"), (None, "numba")):
+        out = run_python(code, GLASSGRAD_KERNELS=env)
+        assert json.loads(out.stdout) == [backend, False], out.stderr
+    out = run_python("import autograd.kernels", GLASSGRAD_KERNELS="cuda")
+    assert out.returncode != 0 and "valid backends: numba, numpy" in out.stderr
+
+
+def test_set_and_use_backend(monkeypatch):
+    calls = []
+    monkeypatch.setattr(softmax, "softmax_forward_numpy", lambda x: calls.append("numpy"))
+    monkeypatch.setattr(softmax, "softmax_forward_numba", lambda x: calls.append("numba"))
+    kernels.set_backend("numba")
+    kernels.softmax_forward(np.zeros(3))
+    with kernels.use_backend("numpy"):
+        assert kernels.get_backend() == "numpy"
+        kernels.softmax_forward(np.zeros(3))
+    assert kernels.get_backend() == "numba"
+    with pytest.raises(RuntimeError), kernels.use_backend("numpy"):
+        raise RuntimeError  # the previous backend comes back on error too
+    assert kernels.get_backend() == "numba"
+    assert calls == ["numba", "numpy"]
+    with pytest.raises(ValueError, match="valid backends: numba, numpy"):
+        kernels.set_backend("torch")
+    with pytest.raises(ValueError, match="valid backends"), kernels.use_backend("jax"):
+        pass
+    assert kernels.get_kernel("attention_forward", "numpy") is attention.attention_forward_numpy
+    with pytest.raises(ValueError, match="unknown kernel 'conv'"):
+        kernels.get_kernel("conv")
+
+
+# ---------------------------------------------------------------------------------------------
+# memory: the Numba attention never builds a (T, T) buffer
+# ---------------------------------------------------------------------------------------------
+
+MEMORY_SCRIPT = """
+    import json, sys
+    import numpy as np
+    from autograd.kernels import attention
+
+    def peak_kib():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM"):
+                return int(line.split()[1])
+
+    def peak_growth_mib(backend, T=2048, D=32):
+        fwd = getattr(attention, "attention_forward_" + backend)
+        bwd = getattr(attention, "attention_backward_" + backend)
+        small = np.ones((1, 1, 8, D), np.float32)
+        bwd(small, small, small, *fwd(small, small, small), small)  # compile, start threads
+        rng = np.random.default_rng(0)
+        q, k, v, go = (rng.standard_normal((1, 1, T, D)).astype(np.float32) for _ in range(4))
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the high-water mark to the current RSS
+        base = peak_kib()
+        o, lse = fwd(q, k, v, True)
+        grads = bwd(q, k, v, o, lse, go, True)
+        return (peak_kib() - base) / 1024
+
+    print(json.dumps(peak_growth_mib(sys.argv[1])))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
+def test_attention_memory_stays_far_below_t_by_t():
+    # Peak RSS growth (sees Numba's allocations too, unlike tracemalloc) during forward + backward
+    # at T=2048: a (T, T) float32 buffer alone is 16 MiB.
+    def growth(backend):
+        out = run_python(MEMORY_SCRIPT, backend)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    assert growth("numba") < 4.0
+    assert growth("numpy") > 16.0  # the reference does hold (T, T) buffers: the probe works
