@@ -10,11 +10,13 @@ from nn import optim
 from nn.attention import Block, CausalSelfAttention, LayerKVCache, apply_rotary, rotary_tables
 from nn.checkpoint import (
     CheckpointError,
+    join_optimizer_state,
     load_checkpoint,
     load_safetensors,
     save_checkpoint,
     save_json_atomic,
     save_safetensors,
+    split_optimizer_state,
 )
 from nn.layers import (
     GELU,
@@ -49,6 +51,7 @@ __all__ = [
     "Sequential",
     "apply_rotary",
     "clip_grad_norm_",
+    "join_optimizer_state",
     "linear",
     "load_checkpoint",
     "load_safetensors",
@@ -57,4 +60,5 @@ __all__ = [
     "save_checkpoint",
     "save_json_atomic",
     "save_safetensors",
+    "split_optimizer_state",
 ]

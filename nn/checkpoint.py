@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -222,15 +223,17 @@ def save_checkpoint(
     Files: model.safetensors (the state_dict), optimizer.safetensors (moment arrays) and
     checkpoint.json (optimizer settings and step counts, plus `meta`: any JSON, e.g. the model
     config and the training step). Each file is replaced atomically; checkpoint.json is written
-    last.
+    last, and all three carry the same random save id, so that load_checkpoint detects a set of
+    files left mixed by a save that was cut short.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_safetensors(directory / "model.safetensors", model.state_dict())
-    info: dict[str, Any] = {"format": _FORMAT, "version": 1, "meta": meta or {}}
+    stamp = {"checkpoint_id": uuid.uuid4().hex}
+    save_safetensors(directory / "model.safetensors", model.state_dict(), stamp)
+    info: dict[str, Any] = {"format": _FORMAT, "version": 1, **stamp, "meta": meta or {}}
     if optimizer is not None:
-        arrays, info["optimizer"] = _split_optimizer_state(optimizer.state_dict())
-        save_safetensors(directory / "optimizer.safetensors", arrays)
+        arrays, info["optimizer"] = split_optimizer_state(optimizer.state_dict())
+        save_safetensors(directory / "optimizer.safetensors", arrays, stamp)
     save_json_atomic(directory / "checkpoint.json", info)
 
 
@@ -245,20 +248,32 @@ def load_checkpoint(
         raise CheckpointError(f"{directory}/checkpoint.json is not valid JSON ({exc})") from None
     if not isinstance(info, dict) or info.get("format") != _FORMAT:
         raise CheckpointError(f"{directory}/checkpoint.json is not a {_FORMAT} file")
-    arrays, _ = load_safetensors(directory / "model.safetensors")
+    files = {"model.safetensors": load_safetensors(directory / "model.safetensors")}
     if optimizer is not None:
         if "optimizer" not in info:
             raise CheckpointError(f"{directory}: this checkpoint has no optimizer state")
-        opt_arrays, _ = load_safetensors(directory / "optimizer.safetensors")
-        opt_state = _join_optimizer_state(opt_arrays, info["optimizer"])
+        files["optimizer.safetensors"] = load_safetensors(directory / "optimizer.safetensors")
+        opt_state = join_optimizer_state(files["optimizer.safetensors"][0], info["optimizer"])
+    for name, (_, metadata) in files.items():
+        if metadata.get("checkpoint_id") != info.get("checkpoint_id"):
+            raise CheckpointError(
+                f"{directory}: {name} does not belong to checkpoint.json (save ids "
+                f"{metadata.get('checkpoint_id')} and {info.get('checkpoint_id')}); "
+                "a save was cut short"
+            )
+    arrays = files["model.safetensors"][0]
     model.load_state_dict(arrays, strict=strict)
     if optimizer is not None:
         optimizer.load_state_dict(opt_state)
     return info["meta"]
 
 
-def _split_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Optimizer state_dict -> (arrays named "state.<param>.<name>", the JSON-able rest)."""
+def split_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Optimizer state_dict -> (arrays named "state.<param>.<name>", the JSON-able rest).
+
+    The arrays go to a safetensors file, the rest (settings, step counts) to JSON;
+    join_optimizer_state puts them back together for optimizer.load_state_dict.
+    """
     arrays: dict[str, np.ndarray] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for index, entry in state["state"].items():
@@ -270,7 +285,8 @@ def _split_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, np.ndarray]
     return arrays, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
-def _join_optimizer_state(arrays: dict[str, np.ndarray], rest: dict[str, Any]) -> dict[str, Any]:
+def join_optimizer_state(arrays: dict[str, np.ndarray], rest: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of split_optimizer_state."""
     state: dict[int, dict[str, Any]] = {}
     for key, value in arrays.items():
         _, index, name = key.split(".", 2)

@@ -374,3 +374,29 @@ def test_load_checkpoint_errors(tmp_path):
     nn.save_checkpoint(tmp_path / "small", nn.Linear(16, 11))
     with pytest.raises(KeyError, match="missing keys: wte.weight"):
         nn.load_checkpoint(tmp_path / "small", model)
+
+
+def test_mixed_files_from_an_interrupted_save_are_detected(tmp_path, monkeypatch):
+    Tiny = tiny_setup(tmp_path)
+    model = Tiny(seed=0)
+    opt = make_optimizer(model)
+    train(model, opt, 1, 0)
+    nn.save_checkpoint(tmp_path / "ckpt", model, opt, meta={"step": 1})
+    before = model.state_dict()
+    train(model, opt, 1, 1)
+    real = checkpoint.save_json_atomic
+
+    def crash_before_json(path, obj):
+        raise KeyboardInterrupt  # killed after the tensors were replaced, before the JSON
+
+    monkeypatch.setattr(checkpoint, "save_json_atomic", crash_before_json)
+    with pytest.raises(KeyboardInterrupt):
+        nn.save_checkpoint(tmp_path / "ckpt", model, opt, meta={"step": 2})
+    monkeypatch.setattr(checkpoint, "save_json_atomic", real)
+    fresh = Tiny(seed=1)
+    with pytest.raises(nn.CheckpointError, match="model.safetensors does not belong"):
+        nn.load_checkpoint(tmp_path / "ckpt", fresh, make_optimizer(fresh))
+    untouched = Tiny(seed=1).state_dict()
+    for name, value in fresh.state_dict().items():  # nothing was loaded
+        np.testing.assert_array_equal(value, untouched[name])
+    assert not np.array_equal(untouched["wte.weight"], before["wte.weight"])
