@@ -1,0 +1,573 @@
+"""The suites: ops, kernels, train and generate. Each returns a list of records.
+
+A record is {"suite", "name", "params", "variants": {variant: stats}, "ratios": {...}}: stats come
+from timing.measure (warmup_s, median_ms, min_ms, max_ms, reps, peak_mb) plus suite figures
+(tokens_per_s, gflops, frac_of_sgemm_peak). Variants:
+
+- "numba": glassgrad with the Numba kernels (the default backend),
+- "numpy": glassgrad with the numpy reference kernels (always measured where kernels are used),
+- "torch": PyTorch eager CPU on the same shapes and threads (when torch is installed).
+
+Ratios: "speedup_vs_numpy" = numpy time / numba time (> 1: the kernels help) and "vs_torch" =
+numba time / torch time (the headline: <= 1 means glassgrad is as fast as PyTorch or faster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import nn
+from autograd import Tensor, kernels, no_grad
+from autograd import functional as F
+from benchmarks import timing
+from benchmarks.compile_probe import KERNELS
+from benchmarks.configs import STANDARD, BenchConfig, train_flops
+from models.gpt import GPT
+
+DTYPE = np.float32
+
+
+@dataclass
+class Context:
+    """What every suite needs: repetitions, whether torch runs, the measured sgemm peak."""
+
+    reps: int
+    quick: bool
+    torch: Any  # the torch module, or None
+    sgemm_gflops: float
+    log: Callable[[str], None] = print
+
+
+def _record(suite: str, name: str, params: dict, variants: dict[str, dict]) -> dict[str, Any]:
+    ratios = {}
+    if "numba" in variants and "numpy" in variants:
+        ratios["speedup_vs_numpy"] = variants["numpy"]["median_ms"] / variants["numba"]["median_ms"]
+    if "numba" in variants and "torch" in variants:
+        ratios["vs_torch"] = variants["numba"]["median_ms"] / variants["torch"]["median_ms"]
+    return {"suite": suite, "name": name, "params": params, "variants": variants, "ratios": ratios}
+
+
+def _with_backend(backend: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    def run() -> Any:
+        with kernels.use_backend(backend):
+            return fn()
+
+    return run
+
+
+def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=DTYPE)
+
+
+# --- ops: each autograd op forward + backward at Transformer shapes ----------------------------
+
+
+def _op_cases(c: BenchConfig, rng: np.random.Generator) -> list[tuple[str, tuple, bool, Callable]]:
+    """(name, shape, uses_kernels, build) where build(lib) returns (inputs, forward) for lib
+    "glassgrad" or "torch"; forward(*inputs) -> output whose backward takes a same-shape grad."""
+    B, T, C, H, V = c.batch_size, c.block_size, c.n_embd, c.n_head, c.vocab_size
+    D = C // H
+    x, w, b = _rand(rng, B, T, C), _rand(rng, C, 4 * C) * 0.02, _rand(rng, 4 * C)
+    h4 = _rand(rng, B, T, 4 * C)
+    scores = _rand(rng, B, H, T, T)
+    q, k, v = (_rand(rng, B, H, T, D) for _ in range(3))
+    logits, targets = _rand(rng, B, T, V), rng.integers(0, V, size=(B, T))
+    table, ids = _rand(rng, V, C), rng.integers(0, V, size=(B, T))
+    ln_w, ln_b = np.ones(C, DTYPE), np.zeros(C, DTYPE)
+
+    def ops(lib):
+        if lib == "glassgrad":
+            return {
+                "linear": (lambda a, m, bias: nn.linear(a, m, bias), (x, w, b)),
+                "gelu": (lambda a: F.gelu(a), (h4,)),
+                "layer_norm": (lambda a, g, s: F.layer_norm(a, g, s), (x, ln_w, ln_b)),
+                "softmax": (lambda a: F.softmax(a), (scores,)),
+                "attention": (
+                    lambda a, kk, vv: F.scaled_dot_product_attention(a, kk, vv),
+                    (q, k, v),
+                ),
+                "cross_entropy": (lambda a: F.cross_entropy(a, targets), (logits,)),
+                "embedding": (lambda t: F.embedding(t, ids), (table,)),
+                "add (residual)": (lambda a, a2: a + a2, (x, x.copy())),
+            }
+        tf = lib.nn.functional
+        ids_t, targets_t = lib.from_numpy(ids), lib.from_numpy(targets)
+        return {
+            "linear": (lambda a, m, bias: a @ m + bias, (x, w, b)),
+            "gelu": (lambda a: tf.gelu(a, approximate="tanh"), (h4,)),
+            "layer_norm": (lambda a, g, s: tf.layer_norm(a, (C,), g, s, 1e-5), (x, ln_w, ln_b)),
+            "softmax": (lambda a: tf.softmax(a, dim=-1), (scores,)),
+            "attention": (
+                lambda a, kk, vv: tf.scaled_dot_product_attention(a, kk, vv, is_causal=True),
+                (q, k, v),
+            ),
+            "cross_entropy": (
+                lambda a: tf.cross_entropy(a.view(-1, V), targets_t.view(-1)),
+                (logits,),
+            ),
+            "embedding": (lambda t: tf.embedding(ids_t, t), (table,)),
+            "add (residual)": (lambda a, a2: a + a2, (x, x.copy())),
+        }
+
+    return ops
+
+
+_KERNEL_OPS = {"layer_norm", "softmax", "attention", "cross_entropy", "embedding"}
+
+
+def _gg_step(fn: Callable, arrays: tuple) -> Callable[[], None]:
+    inputs = [Tensor(a, requires_grad=True, dtype=a.dtype) for a in arrays]
+    grad: list[np.ndarray] = []
+
+    def step() -> None:
+        out = fn(*inputs)
+        if not grad:  # the same upstream gradient every time, fixed on the first call
+            grad.append(np.random.default_rng(1).standard_normal(out.shape).astype(DTYPE))
+        out.backward(grad[0])
+        for t in inputs:
+            t.grad = None
+
+    return step
+
+
+def _torch_step(torch: Any, fn: Callable, arrays: tuple) -> Callable[[], None]:
+    inputs = [torch.from_numpy(a.copy()).requires_grad_(True) for a in arrays]
+    grad: list[Any] = []
+
+    def step() -> None:
+        out = fn(*inputs)
+        if not grad:
+            g = np.random.default_rng(1).standard_normal(tuple(out.shape)).astype(DTYPE)
+            grad.append(torch.from_numpy(g))
+        out.backward(grad[0])
+        for t in inputs:
+            t.grad = None
+
+    return step
+
+
+def ops_suite(ctx: Context, config: BenchConfig) -> list[dict[str, Any]]:
+    """Every Transformer op, forward + backward, at the shapes of `config`."""
+    rng = np.random.default_rng(0)
+    table = _op_cases(config, rng)
+    gg = table("glassgrad")
+    th = table(ctx.torch) if ctx.torch is not None else {}
+    records = []
+    for name, (fn, arrays) in gg.items():
+        ctx.log(f"  ops: {name}")
+        variants = {"numba": _with_backend("numba", _gg_step(fn, arrays))}
+        if name in _KERNEL_OPS:
+            variants["numpy"] = _with_backend("numpy", _gg_step(fn, arrays))
+        if name in th:
+            variants["torch"] = _torch_step(ctx.torch, *th[name])
+        stats = timing.measure(variants, ctx.reps)
+        params = {"config": config.name, "shapes": [list(a.shape) for a in arrays]}
+        records.append(_record("ops", name, params, stats))
+    return records
+
+
+# --- kernels: every Numba kernel against its numpy reference (issue-4 shapes) ------------------
+
+
+def _kernel_cases(ctx: Context, rng: np.random.Generator) -> list[tuple[str, dict, Callable]]:
+    """(name, params, make) with make(backend) -> a zero-argument callable running the kernel;
+    backend is "numba", "numpy" or "torch" (None where torch has no equivalent)."""
+    small = STANDARD["tiny"] if ctx.quick else STANDARD["small"]
+    if ctx.quick:
+        attn_shape, sm_shape, vocab_big = (2, 2, 64, 16), (256, 256), 2048
+    else:
+        attn_shape, sm_shape, vocab_big = (4, 6, 256, 64), (4096, 4096), 50257
+    rows, C = small.batch_size * small.block_size, small.n_embd
+    K = kernels
+    torch = ctx.torch
+
+    q, k, v, go = (_rand(rng, *attn_shape) for _ in range(4))
+    o, lse = K.get_kernel("attention_forward", "numpy")(q, k, v, True)
+    sm_x, sm_g = _rand(rng, *sm_shape), _rand(rng, *sm_shape)
+    sm_y = K.get_kernel("softmax_forward", "numpy")(sm_x)
+    lsm_y = K.get_kernel("log_softmax_forward", "numpy")(sm_x)
+    ln_x, ln_g = _rand(rng, rows, C), _rand(rng, rows, C)
+    ln_w, ln_b = np.ones(C, DTYPE), np.zeros(C, DTYPE)
+    _, ln_mean, ln_rstd = K.get_kernel("layer_norm_forward", "numpy")(ln_x, ln_w, ln_b, 1e-5)
+    ce_small = (_rand(rng, rows, small.vocab_size), rng.integers(0, small.vocab_size, rows))
+    ce_rows = 64 if ctx.quick else 256
+    ce_big = (_rand(rng, ce_rows, vocab_big), rng.integers(0, vocab_big, ce_rows))
+    emb_ids = rng.integers(0, small.vocab_size, size=(small.batch_size, small.block_size))
+    emb_g = _rand(rng, small.batch_size, small.block_size, C)
+
+    def kernel(name, backend, *args):
+        fn = K.get_kernel(name, backend)
+        return lambda: fn(*args)
+
+    def torch_fwd_bwd(fn, arrays, grad=None):
+        if torch is None:
+            return None
+        inputs = [torch.from_numpy(a.copy()).requires_grad_(True) for a in arrays]
+        g = None if grad is None else torch.from_numpy(grad)
+
+        def run():
+            out = fn(*inputs)
+            out.backward(g)
+            for t in inputs:
+                t.grad = None
+
+        return run
+
+    tf = torch.nn.functional if torch is not None else None
+
+    def fwd_bwd(fwd_name, bwd_name, fwd_args, bwd_args_of):
+        def make(backend):
+            fwd, bwd = K.get_kernel(fwd_name, backend), K.get_kernel(bwd_name, backend)
+
+            def run():
+                out = fwd(*fwd_args)
+                bwd(*bwd_args_of(out))
+
+            return run
+
+        return make
+
+    cases = [
+        (
+            "attention fwd+bwd",
+            {"shape (B,H,T,D)": list(attn_shape), "causal": True},
+            fwd_bwd(
+                "attention_forward",
+                "attention_backward",
+                (q, k, v, True),
+                lambda out: (q, k, v, out[0], out[1], go, True),
+            ),
+            lambda: torch_fwd_bwd(
+                lambda a, b, c: tf.scaled_dot_product_attention(a, b, c, is_causal=True),
+                (q, k, v),
+                go,
+            ),
+        ),
+        (
+            "softmax fwd+bwd",
+            {"shape": list(sm_shape)},
+            fwd_bwd("softmax_forward", "softmax_backward", (sm_x,), lambda y: (y, sm_g)),
+            lambda: torch_fwd_bwd(lambda a: tf.softmax(a, dim=-1), (sm_x,), sm_g),
+        ),
+        (
+            "layer_norm fwd+bwd",
+            {"shape": [rows, C], "config": small.name},
+            fwd_bwd(
+                "layer_norm_forward",
+                "layer_norm_backward",
+                (ln_x, ln_w, ln_b, 1e-5),
+                lambda out: (ln_g, ln_x, ln_w, out[1], out[2]),
+            ),
+            lambda: torch_fwd_bwd(
+                lambda a, w, b: tf.layer_norm(a, (C,), w, b, 1e-5), (ln_x, ln_w, ln_b), ln_g
+            ),
+        ),
+    ]
+    for label, (logits, targets) in (("GPT vocab", ce_small), ("large vocab", ce_big)):
+        t_targets = None if torch is None else torch.from_numpy(targets)
+        cases.append(
+            (
+                f"cross_entropy fused ({label})",
+                {"shape": list(logits.shape)},
+                lambda backend, logits=logits, targets=targets: kernel(
+                    "cross_entropy_forward", backend, logits, targets, -100, True
+                ),
+                lambda logits=logits, t_targets=t_targets: torch_fwd_bwd(
+                    lambda a: tf.cross_entropy(a, t_targets), (logits,)
+                ),
+            )
+        )
+    singles = [
+        ("softmax_forward", (sm_x,)),
+        ("softmax_backward", (sm_y, sm_g)),
+        ("log_softmax_forward", (sm_x,)),
+        ("log_softmax_backward", (lsm_y, sm_g)),
+        ("logsumexp_forward", (sm_x,)),
+        ("layer_norm_forward", (ln_x, ln_w, ln_b, 1e-5)),
+        ("layer_norm_backward", (ln_g, ln_x, ln_w, ln_mean, ln_rstd)),
+        ("embedding_backward", (emb_ids, emb_g, small.vocab_size)),
+        ("attention_forward", (q, k, v, True)),
+        ("attention_backward", (q, k, v, o, lse, go, True)),
+    ]
+    for name, args in singles[:1] if ctx.quick else singles:
+        shape = [list(np.shape(a)) for a in args if isinstance(a, np.ndarray)]
+        cases.append(
+            (name, {"shapes": shape}, lambda b, name=name, args=args: kernel(name, b, *args), None)
+        )
+    return cases
+
+
+def kernels_suite(ctx: Context) -> list[dict[str, Any]]:
+    """Numba vs numpy for every kernel; the issue-4 fwd+bwd pairs also against torch.
+
+    Each single-kernel record also carries "first_call": compile and cached-load seconds (quick mode
+    probes only the first kernel, to stay fast)."""
+    records = []
+    ctx.log("  kernels: compile and cached-load times (two fresh processes)")
+    probed = list(KERNELS[:1] if ctx.quick else KERNELS)
+    first_call = compile_times(probed)
+    for name, params, make, make_torch in _kernel_cases(ctx, np.random.default_rng(0)):
+        ctx.log(f"  kernels: {name}")
+        variants = {"numba": make("numba"), "numpy": make("numpy")}
+        torch_run = make_torch() if make_torch is not None else None
+        if torch_run is not None:
+            variants["torch"] = torch_run
+        record = _record("kernels", name, params, timing.measure(variants, ctx.reps))
+        if name in first_call:
+            record["first_call"] = first_call[name]
+        records.append(record)
+    return records
+
+
+def compile_times(names: list[str]) -> dict[str, dict[str, float]]:
+    """{kernel: {"compile_s", "cached_load_s"}}: benchmarks.compile_probe run in two fresh
+    processes sharing a new, empty Numba cache directory (compile, then load from the cache)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="glassgrad-numba-cache-") as cache_dir:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
+        for _ in range(2):
+            done = subprocess.run(
+                [sys.executable, "-m", "benchmarks.compile_probe", *names],
+                env=env,
+                cwd=root,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"benchmarks: the compile probe failed:\n{done.stderr}")
+            runs.append(json.loads(done.stdout))
+    return {n: {"compile_s": runs[0][n], "cached_load_s": runs[1][n]} for n in names}
+
+
+# --- train: one full step (forward, loss, backward, AdamW step, zero_grad) ---------------------
+
+
+def _batch(config: BenchConfig) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, config.vocab_size, size=(config.batch_size, config.block_size + 1))
+    return data[:, :-1], data[:, 1:]
+
+
+def train_suite(ctx: Context, configs: list[BenchConfig]) -> list[dict[str, Any]]:
+    """ms per training step, tokens/s, GFLOP/s and fraction of the sgemm peak, per config."""
+    records = []
+    for config in configs:
+        ctx.log(f"  train: {config.name} ({config.describe()})")
+        model = GPT(config.gpt_config(), rng=np.random.default_rng(0))
+        for p in model.parameters():  # the default dtype may differ; benchmark float32
+            p.data = p.data.astype(DTYPE)
+        optimizer = nn.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+        x, y = _batch(config)
+        step = _gg_train_step(model, optimizer, x, y)
+        variants = {"numba": _with_backend("numba", step), "numpy": _with_backend("numpy", step)}
+        if ctx.torch is not None:
+            variants["torch"] = _torch_train_step(ctx.torch, model, x, y)
+        stats = timing.measure(variants, ctx.reps)
+        n_params = sum(p.data.size for p in model.parameters())
+        n_no_wpe = n_params - model.transformer.wpe.weight.data.size
+        flops = train_flops(config, n_no_wpe)
+        tokens = config.batch_size * config.block_size
+        for s in stats.values():
+            seconds = s["median_ms"] / 1e3
+            s["tokens_per_s"] = tokens / seconds
+            s["gflops"] = flops / seconds / 1e9
+            s["frac_of_sgemm_peak"] = s["gflops"] / ctx.sgemm_gflops
+        params = {
+            "config": config.describe(),
+            "n_params": n_params,
+            "n_params_without_wpe": n_no_wpe,
+            "tokens_per_step": tokens,
+            "flops_per_step": flops,
+        }
+        records.append(_record("train", config.name, params, stats))
+    return records
+
+
+def _gg_train_step(model: GPT, optimizer: Any, x: np.ndarray, y: np.ndarray) -> Callable:
+    def step() -> None:
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
+def _torch_train_step(torch: Any, model: GPT, x: np.ndarray, y: np.ndarray) -> Callable:
+    from benchmarks.torch_ref import from_glassgrad
+
+    tmodel = from_glassgrad(model)
+    optimizer = torch.optim.AdamW(tmodel.parameters(), lr=1e-4, weight_decay=0.01)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+
+    def step() -> None:
+        _, loss = tmodel(tx, ty)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+# --- generate: one decode step with and without the KV cache, by context length ---------------
+
+
+def generate_suite(ctx: Context, config: BenchConfig, contexts: list[int]) -> list[dict[str, Any]]:
+    """Time of the decode step that produces token t+1 from a context of t tokens (batch 1).
+
+    cached: the cache holds t-1 positions and the step runs the newest token through it (the
+    cache length is reset before each repetition, so every repetition is the same step);
+    uncached: the step re-runs the whole t-token context (what generate(use_cache=False) does).
+    tokens/s = 1 / step time.
+    """
+    model = GPT(config.gpt_config(), rng=np.random.default_rng(0))
+    for p in model.parameters():
+        p.data = p.data.astype(DTYPE)
+    model.eval()
+    ids = np.random.default_rng(0).integers(0, config.vocab_size, size=(1, max(contexts)))
+    torch_model = None
+    if ctx.torch is not None:
+        from benchmarks.torch_ref import from_glassgrad
+
+        torch_model = from_glassgrad(model)
+    records = []
+    for t in contexts:
+        ctx.log(f"  generate: {config.name}, context {t}")
+        variants: dict[str, Callable[[], Any]] = {}
+        for backend in ("numba", "numpy"):
+            variants[f"{backend} cached"] = _gg_cached_step(model, ids, t, backend)
+            variants[f"{backend} uncached"] = _with_backend(
+                backend, lambda t=t: _no_grad_call(model, ids[:, :t])
+            )
+        if torch_model is not None:
+            variants["torch cached"] = _torch_cached_step(ctx.torch, torch_model, ids, t, config)
+            tids = ctx.torch.from_numpy(ids[:, :t])
+
+            def torch_uncached(tids=tids):
+                with ctx.torch.no_grad():
+                    torch_model(tids)
+
+            variants["torch uncached"] = torch_uncached
+        stats = timing.measure(variants, ctx.reps)
+        for s in stats.values():
+            s["tokens_per_s"] = 1e3 / s["median_ms"]
+        record = {
+            "suite": "generate",
+            "name": f"{config.name} T={t}",
+            "params": {"config": config.describe(), "context": t, "batch": 1},
+            "variants": stats,
+            "ratios": {
+                "cache_speedup": stats["numba uncached"]["median_ms"]
+                / stats["numba cached"]["median_ms"],
+                "speedup_vs_numpy": stats["numpy cached"]["median_ms"]
+                / stats["numba cached"]["median_ms"],
+            },
+        }
+        if torch_model is not None:
+            record["ratios"]["vs_torch"] = (
+                stats["numba cached"]["median_ms"] / stats["torch cached"]["median_ms"]
+            )
+        records.append(record)
+    return records
+
+
+def _no_grad_call(model: GPT, ids: np.ndarray, **kwargs: Any) -> Any:
+    with no_grad():
+        return model(ids, **kwargs)
+
+
+def _gg_cached_step(model: GPT, ids: np.ndarray, t: int, backend: str) -> Callable[[], None]:
+    caches = model.new_kv_caches(1)
+    if t > 1:
+        with kernels.use_backend(backend):
+            _no_grad_call(model, ids[:, : t - 1], kv_caches=caches)
+    last = ids[:, t - 1 : t]
+
+    def step() -> None:
+        for cache in caches:
+            cache.length = t - 1  # forget the token the previous repetition appended
+        with kernels.use_backend(backend):
+            _no_grad_call(model, last, kv_caches=caches)
+
+    return step
+
+
+def _torch_cached_step(torch: Any, tmodel: Any, ids: np.ndarray, t: int, config: BenchConfig):
+    from benchmarks.torch_ref import new_caches
+
+    caches = new_caches(tmodel, 1, config.block_size)
+    with torch.no_grad():
+        if t > 1:
+            tmodel(torch.from_numpy(ids[:, : t - 1]), caches=caches)
+    last = torch.from_numpy(ids[:, t - 1 : t])
+
+    def step() -> None:
+        with torch.no_grad():
+            tmodel(last, caches=caches, past=t - 1)
+
+    return step
+
+
+def decode_contexts(config: BenchConfig, quick: bool) -> list[int]:
+    """Context lengths 32, 64, 128, 256 (quick: 8, 16, ...) that fit the config's block_size."""
+    start = 8 if quick else 32
+    count = 3 if quick else 4
+    lengths = [start * 2**i for i in range(count)]
+    fitting = [t for t in lengths if t <= config.block_size]
+    return fitting or [config.block_size]
+
+
+def summarize_targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets, each with the measured value and whether it is met (None: not run)."""
+    by = {(r["suite"], r["name"]): r for r in records}
+    checks = []
+
+    def add(target: str, value: float | None, ok: bool | None) -> None:
+        checks.append({"target": target, "value": value, "met": ok})
+
+    for name, limit in (("tiny", 1.0), ("mid", 0.8), ("small", 0.8)):
+        r = by.get(("train", name))
+        ratio = r["ratios"].get("vs_torch") if r else None
+        met = None if ratio is None else ratio <= limit
+        add(f"train {name}: glassgrad / torch <= {limit}", ratio, met)
+    r = by.get(("train", "small"))
+    frac = r["variants"]["numba"]["frac_of_sgemm_peak"] if r else None
+    add("train small: GFLOP/s >= 60 % of sgemm peak", frac, None if frac is None else frac >= 0.6)
+    gen = [r for r in records if r["suite"] == "generate"]
+    by_t = {r["params"]["context"]: r for r in gen}
+    if gen:
+        lo, hi = min(by_t), max(by_t)
+        growth = (
+            by_t[hi]["variants"]["numba cached"]["median_ms"]
+            / by_t[lo]["variants"]["numba cached"]["median_ms"]
+        )
+        add(f"decode cached: step time T={hi} / T={lo} <= 1.5", growth, growth <= 1.5)
+        speedup = by_t[hi]["ratios"]["cache_speedup"]
+        add(f"decode T={hi}: cached >= 5x faster than uncached", speedup, speedup >= 5.0)
+    kern = {r["name"]: r for r in records if r["suite"] == "kernels"}
+    for name, need in (
+        ("attention fwd+bwd", 3.0),
+        ("layer_norm fwd+bwd", 2.0),
+        ("cross_entropy fused (GPT vocab)", 2.0),
+        ("cross_entropy fused (large vocab)", 2.0),
+    ):
+        if name in kern:
+            s = kern[name]["ratios"]["speedup_vs_numpy"]
+            add(f"kernel {name}: numba >= {need:g}x numpy", s, s >= need)
+    for name in ("attention fwd+bwd", "softmax fwd+bwd"):
+        ratio = kern[name]["ratios"].get("vs_torch") if name in kern else None
+        add(f"kernel {name}: no slower than torch", ratio, None if ratio is None else ratio <= 1.0)
+    return checks

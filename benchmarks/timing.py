@@ -1,0 +1,93 @@
+"""Timing method shared by every suite.
+
+1. Warm-up: each variant's first call is timed on its own and reported as `warmup_s` (it holds
+   Numba compilation or cache loading, first-touch allocations, PyTorch's lazy init).
+2. Peak memory: one more, untimed call per variant with the kernel's peak-RSS counter reset
+   (Linux /proc/self/clear_refs "5"): peak_mb = VmHWM after the call - VmRSS before it, i.e. the
+   resident memory the call added at its peak. Where that is unavailable, the ru_maxrss delta
+   (which only shows a new high-water mark) is used instead; `memory_method` says which.
+3. Repetitions alternate between the variants (A B C A B C ...), so that a burst of load from
+   other processes on a shared machine hits all of them alike; each reports median, min and max.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+MEMORY_METHOD = (
+    "VmHWM - VmRSS (peak RSS reset via /proc/self/clear_refs)"
+    if _reset_peak_rss() and _status_kb("VmHWM") is not None
+    else "ru_maxrss delta (new high-water marks only)"
+)
+
+
+def peak_memory_mb(fn: Callable[[], Any]) -> float:
+    """Resident memory (MiB) that one call of fn adds at its peak; see the module docstring."""
+    gc.collect()
+    if MEMORY_METHOD.startswith("VmHWM"):
+        before = _status_kb("VmRSS")
+        _reset_peak_rss()
+        fn()
+        return max(_status_kb("VmHWM") - before, 0) / 1024
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+
+
+def _summary(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return {"median_ms": median * 1e3, "min_ms": ordered[0] * 1e3, "max_ms": ordered[-1] * 1e3}
+
+
+def measure(
+    variants: dict[str, Callable[[], Any]], reps: int, memory: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Time each zero-argument callable: warm-up, (peak memory), then `reps` alternating runs.
+
+    Returns {variant: {"warmup_s", "median_ms", "min_ms", "max_ms", "reps", "peak_mb"?}}.
+    """
+    if reps < 1:
+        raise ValueError(f"benchmarks: reps must be >= 1, got {reps}")
+    results: dict[str, dict[str, Any]] = {}
+    for name, fn in variants.items():
+        start = time.perf_counter()
+        fn()
+        results[name] = {"warmup_s": time.perf_counter() - start}
+        if memory:
+            results[name]["peak_mb"] = peak_memory_mb(fn)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    for name in variants:
+        results[name].update(_summary(times[name]), reps=reps)
+    return results

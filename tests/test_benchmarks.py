@@ -1,0 +1,156 @@
+"""The benchmark runner: its quick mode end to end (JSON, markdown, plot) and its small parts."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import timing
+from benchmarks.__main__ import main
+from benchmarks.configs import STANDARD, parse_config, train_flops
+from benchmarks.suites import summarize_targets
+
+
+def _positive_stats(stats):
+    for key in ("warmup_s", "median_ms", "min_ms", "max_ms"):
+        assert math.isfinite(stats[key]) and stats[key] > 0, (key, stats)
+    assert stats["min_ms"] <= stats["median_ms"] <= stats["max_ms"]
+    assert stats["peak_mb"] >= 0
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One `--quick` run of every suite (one per module: it is the slow part)."""
+    out = tmp_path_factory.mktemp("bench")
+    paths = {"json": out / "r.json", "md": out / "r.md", "png": out / "r.png"}
+    code = main(
+        [
+            "--quick",
+            "--quiet",
+            "--threads",
+            "1",
+            "--json",
+            str(paths["json"]),
+            "--markdown",
+            str(paths["md"]),
+            "--plot",
+            str(paths["png"]),
+        ]
+    )
+    assert code == 0
+    return json.loads(paths["json"].read_text()), paths
+
+
+def test_quick_json_structure(quick_run):
+    results, _ = quick_run
+    assert results["quick"] is True and results["reps"] == 3
+    env = results["environment"]
+    assert env["threads"]["blas"] == 1 and env["threads"]["numba"] == 1
+    assert any(b["user_api"] == "blas" and b["architecture"] for b in env["blas"])
+    assert set(env["blas_env"]) == {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"}
+    assert results["sgemm"]["gflops"] > 0
+    assert set(results["suites"]) == {"ops", "kernels", "train", "generate"}
+    for suite, records in results["suites"].items():
+        assert records, suite
+        for record in records:
+            assert record["suite"] == suite
+            assert {"numba", "numpy"} <= set(record["variants"]) or suite in ("ops", "generate")
+            for stats in record["variants"].values():
+                _positive_stats(stats)
+            if results["torch_used"] and suite != "generate":
+                assert "torch" in record["variants"] or record["name"] == "softmax_forward"
+
+
+def test_quick_train_and_generate_figures(quick_run):
+    results, _ = quick_run
+    (train,) = results["suites"]["train"]
+    assert train["name"] == "tiny"
+    numba = train["variants"]["numba"]
+    assert numba["gflops"] > 0 and 0 < numba["frac_of_sgemm_peak"]
+    assert numba["tokens_per_s"] == pytest.approx(16 * 64 / (numba["median_ms"] / 1e3))
+    assert train["ratios"]["speedup_vs_numpy"] > 0
+    contexts = [r["params"]["context"] for r in results["suites"]["generate"]]
+    assert contexts == [8, 16, 32]
+    for r in results["suites"]["generate"]:
+        assert {"numba cached", "numba uncached", "numpy cached", "numpy uncached"} <= set(
+            r["variants"]
+        )
+        assert r["ratios"]["cache_speedup"] > 0
+    first = {r["name"]: r.get("first_call") for r in results["suites"]["kernels"]}
+    assert first["softmax_forward"]["compile_s"] > 0
+    assert first["softmax_forward"]["cached_load_s"] >= 0
+    targets = {t["target"] for t in results["targets"]}
+    assert "train tiny: glassgrad / torch <= 1.0" in targets
+
+
+def test_quick_markdown_and_plot(quick_run):
+    _, paths = quick_run
+    text = paths["md"].read_text()
+    assert text.startswith("## Benchmark results")
+    for needle in (
+        "CPU:",
+        "BLAS:",
+        "threads:",
+        "sgemm peak",
+        "### Training step",
+        "6 N + 12 L T C",
+    ):
+        assert needle in text
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_measure_alternates_and_summarises():
+    calls = []
+    stats = timing.measure({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3)
+    # warm-up and memory call of a, then of b, then strictly alternating repetitions
+    assert calls == ["a", "a", "b", "b", "a", "b", "a", "b", "a", "b"]
+    assert set(stats) == {"a", "b"} and stats["a"]["reps"] == 3
+    with pytest.raises(ValueError, match="reps"):
+        timing.measure({"a": lambda: None}, 0)
+
+
+def test_peak_memory_sees_an_allocation():
+    assert timing.peak_memory_mb(lambda: np.ones(40 * 2**20 // 8).sum()) > 20
+
+
+def test_parse_config():
+    assert parse_config("mid") is STANDARD["mid"]
+    c = parse_config("V50/T32/L1/H2/C16/B3")
+    assert (c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd, c.batch_size) == (
+        50,
+        32,
+        1,
+        2,
+        16,
+        3,
+    )
+    with pytest.raises(ValueError, match="V<vocab>"):
+        parse_config("huge")
+    with pytest.raises(ValueError, match="lacks B"):
+        parse_config("V50/T32/L1/H2/C16")
+    with pytest.raises(ValueError, match="divisible"):
+        parse_config("V50/T32/L1/H3/C16/B1")
+
+
+def test_train_flops_formula():
+    c = STANDARD["tiny"]
+    n = 1000
+    assert train_flops(c, n) == 16 * 64 * (6 * n + 12 * 2 * 64 * 64)
+
+
+def test_targets_report_missing_and_met():
+    record = {
+        "suite": "train",
+        "name": "tiny",
+        "variants": {"numba": {"median_ms": 1.0}},
+        "ratios": {"vs_torch": 1.2},
+    }
+    checks = {c["target"]: c for c in summarize_targets([record])}
+    assert checks["train tiny: glassgrad / torch <= 1.0"]["met"] is False
+    assert checks["train mid: glassgrad / torch <= 0.8"]["met"] is None
+
+
+def test_bad_suite_is_a_clear_error(capsys):
+    assert main(["--quiet", "--config", "V1/T1"]) == 2
+    assert "lacks" in capsys.readouterr().err
