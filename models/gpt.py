@@ -215,7 +215,8 @@ class GPT(nn.Module):
             x = block(x, kv_cache=None if kv_caches is None else kv_caches[i])
         if targets is None:
             x = x[:, -1:, :]  # LayerNorm and the head act per position: skip the others
-        logits = t.ln_f(x) @ t.wte.weight.T  # tied head (notes 9.4)
+        # Tied head (notes 9.4): logits = h @ wte^T, as one 2-D product (nn.linear flattens B, T).
+        logits = nn.linear(t.ln_f(x), t.wte.weight.T)
         if targets is None:
             return logits, None
         return logits, F.cross_entropy(logits, self._targets(targets, ids.shape))

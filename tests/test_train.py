@@ -1,0 +1,168 @@
+"""The training job: loss falls, determinism, exact resume, Ctrl-C, checkpoint files, sampling."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import nn
+from models import sample, train
+from models.gpt import GPT
+from models.tokenizer import CharTokenizer
+
+TEXT = (
+    "def add(a, b):\n    return a + b\n\n"
+    "def sub(a, b):\n    return a - b\n\n"
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+) * 40
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "code.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+def tiny_settings(data_file, out, **overrides):
+    settings = {
+        **train.DEFAULTS,
+        "data": str(data_file),
+        "out": str(out),
+        "steps": 12,
+        "batch_size": 8,
+        "block_size": 16,
+        "n_layer": 1,
+        "n_head": 2,
+        "n_embd": 16,
+        "lr": 1e-2,
+        "min_lr": 1e-3,
+        "warmup": 3,
+        "eval_every": 4,
+        "eval_batches": 2,
+        "sample_tokens": 0,
+    }
+    settings.update(overrides)
+    return settings
+
+
+def test_short_run_loss_falls(data_file, tmp_path):
+    history = train.train(tiny_settings(data_file, tmp_path / "run", steps=40), quiet=True)
+    losses = history["loss"]
+    assert len(losses) == 40
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0
+    assert history["eval_val"][-1] < history["eval_val"][0]
+    assert history["eval_val"][-1] < history["baseline"]  # this repetitive text is easy
+
+
+def test_same_seed_gives_bit_identical_losses(data_file, tmp_path):
+    a = train.train(tiny_settings(data_file, tmp_path / "a"), quiet=True)
+    b = train.train(tiny_settings(data_file, tmp_path / "b"), quiet=True)
+    assert a["loss"] == b["loss"]
+    c = train.train(tiny_settings(data_file, tmp_path / "c", seed=7), quiet=True)
+    assert c["loss"] != a["loss"]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_resume_continues_with_exactly_the_uninterrupted_losses(data_file, tmp_path, dropout):
+    full = train.train(tiny_settings(data_file, tmp_path / "full", dropout=dropout), quiet=True)
+
+    # Interrupt after step 6 (not a multiple of eval_every): the stop request is honoured at the
+    # next step boundary, as a Ctrl-C is, and the checkpoint is written there.
+    stop, calls = threading.Event(), []
+
+    def stop_after_six(params):
+        calls.append(len(params))
+        if len(calls) == 6:
+            stop.set()
+
+    settings = tiny_settings(data_file, tmp_path / "cut", dropout=dropout)
+    cut = train.train(settings, quiet=True, after_backward=stop_after_six, stop=stop)
+    assert cut["interrupted"] and len(cut["loss"]) == 6
+    assert json.loads((tmp_path / "cut" / "train_state.json").read_text())["step"] == 6
+
+    resumed = train.train(settings, resume=True, quiet=True)
+    assert resumed["loss"] == full["loss"]  # steps 0-5 from the checkpoint, 6-11 recomputed
+    assert resumed["eval_val"] == full["eval_val"]
+    a = nn.load_safetensors(tmp_path / "full" / "model.safetensors")[0]
+    b = nn.load_safetensors(tmp_path / "cut" / "model.safetensors")[0]
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_after_backward_hook_sees_every_parameter_each_step(data_file, tmp_path):
+    seen = []
+    history = train.train(
+        tiny_settings(data_file, tmp_path / "run", steps=3),
+        quiet=True,
+        after_backward=lambda params: seen.append(all(p.grad is not None for p in params)),
+    )
+    assert seen == [True, True, True] and len(history["loss"]) == 3
+
+
+def test_cli_writes_checkpoint_plot_and_sample(data_file, tmp_path, capsys):
+    out = tmp_path / "demo"
+    argv = ["--data", str(data_file), "--out", str(out), "--steps", "8", "--batch-size", "4"]
+    argv += ["--block-size", "16", "--n-layer", "1", "--n-head", "2", "--n-embd", "16"]
+    argv += ["--eval-every", "4", "--eval-batches", "1", "--sample-tokens", "30", "--quiet"]
+    assert train.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "done: 8 steps" in printed and "unigram baseline" in printed and "--- sample" in printed
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "optimizer.safetensors",
+        "train_state.json",
+        "loss.png",
+    ):
+        assert (out / name).is_file(), name
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    config = json.loads((out / "config.json").read_text())
+    assert config["n_positions"] == 16 and config["n_layer"] == 1
+    model = GPT.from_pretrained(out)
+    assert model.config.vocab_size == CharTokenizer.load(out / "tokenizer.json").vocab_size
+
+    assert sample.main(["--ckpt", str(out), "--prompt", "def ", "--max-new-tokens", "20"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("def ") and len(text.rstrip("\n")) >= 4
+    assert sample.main(["--ckpt", str(out), "--prompt", "€"]) == 2
+    assert "not in the" in capsys.readouterr().err
+
+    # Resuming the finished run with more steps continues it; a different model is refused.
+    assert train.main(["--out", str(out), "--resume", "--steps", "10", "--quiet"]) == 0
+    assert json.loads((out / "train_state.json").read_text())["step"] == 10
+    with pytest.raises(SystemExit, match="cannot change --n-embd 32"):
+        train.main(["--out", str(out), "--resume", "--n-embd", "32", "--quiet"])
+
+
+def test_resume_detects_a_save_cut_short(data_file, tmp_path):
+    settings = tiny_settings(data_file, tmp_path / "run", steps=4)
+    train.train(settings, quiet=True)
+    state_path = tmp_path / "run" / "train_state.json"
+    state = json.loads(state_path.read_text())
+    state["step"] = 8
+    state_path.write_text(json.dumps(state))
+    with pytest.raises(SystemExit, match="inconsistent"):
+        train.train({**settings, "steps": 10}, resume=True, quiet=True)
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        train.train({**settings, "out": str(tmp_path / "none")}, resume=True, quiet=True)
+
+
+def test_first_ctrl_c_requests_a_stop_second_interrupts():
+    with train.stop_on_interrupt() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.wait(5)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(2)  # the handler runs here at the latest
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_bad_settings_are_refused(data_file, tmp_path):
+    with pytest.raises(SystemExit, match="--steps must be >= 1"):
+        train.main(["--data", str(data_file), "--out", str(tmp_path), "--steps", "0"])
