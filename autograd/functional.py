@@ -254,6 +254,14 @@ def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Ten
             f"cross_entropy: targets {targets.shape} must have logits' shape without the last "
             f"(vocabulary) axis: logits {logits.shape}"
         )
+    vocab = logits.shape[-1]
+    bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
+    if bad.any():
+        row = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"cross_entropy: target {targets[row]} at {row} is out of range [0, {vocab}) and is "
+            f"not ignore_index={ignore_index} (logits {logits.shape}, targets {targets.shape})"
+        )
     need_grad = logits.requires_grad and is_grad_enabled()
     return CrossEntropy.apply(
         logits, targets=targets, ignore_index=ignore_index, need_grad=need_grad
@@ -375,10 +383,12 @@ def scaled_dot_product_attention(
 ) -> Tensor:
     """softmax(q k^T / sqrt(D)) v over (B, H, T, D) inputs (notes 3.3, 7.4).
 
-    q (B, H, Tq, D); k, v (B, H, Tk, D). causal: query i may read keys j <= i + (Tk - Tq) (with
-    Tq == Tk that is j <= i; a KV-cache step with Tq = 1 reads every cached key). mask: optional
-    boolean allowed set broadcastable to (B, H, Tq, Tk), combined with causal. A query row with no
-    allowed key is an error (notes 7.4: the softmax over an empty set has no meaning).
+    q (B, H, Tq, D); k (B, H, Tk, D); v (B, H, Tk, Dv): Dv may differ from D, as in the notes'
+    ch. 11 (the kernel handles Dv == D; other widths take the plain numpy path).
+    causal: query i may read keys j <= i + (Tk - Tq) (with Tq == Tk that is j <= i; a KV-cache
+    step with Tq = 1 reads every cached key). mask: optional boolean allowed set broadcastable to
+    (B, H, Tq, Tk), combined with causal. A query row with no allowed key is an error (notes 7.4:
+    the softmax over an empty set has no meaning).
     """
     q, k, v = _tensor(q), _tensor(k), _tensor(v)
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
@@ -386,13 +396,13 @@ def scaled_dot_product_attention(
             "scaled_dot_product_attention: q, k, v must be 4-d (B, H, T, D), got "
             f"{q.shape}, {k.shape}, {v.shape}"
         )
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
         raise ValueError(
-            "scaled_dot_product_attention: q (B, H, Tq, D) and k, v (B, H, Tk, D) must agree, got "
-            f"q {q.shape}, k {k.shape}, v {v.shape}"
+            "scaled_dot_product_attention: expected q (B, H, Tq, D), k (B, H, Tk, D) and "
+            f"v (B, H, Tk, Dv), got q {q.shape}, k {k.shape}, v {v.shape}"
         )
     tq, tk = q.shape[2], k.shape[2]
-    if mask is None and (not causal or tq <= tk):
+    if mask is None and (not causal or tq <= tk) and v.shape[3] == q.shape[3]:
         return Attention.apply(q, k, v, causal=causal)
     allowed = np.ones((tq, tk), dtype=bool)
     if causal:

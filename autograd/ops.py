@@ -354,7 +354,10 @@ def _tensors(items: Any, op: str) -> list[Tensor]:
     if not items:
         raise ValueError(f"{op}: needs at least one tensor")
     like = next((t for t in items if isinstance(t, Tensor)), None)
-    return [t if isinstance(t, Tensor) else (like._lift(t) if like else Tensor(t)) for t in items]
+    return [
+        t if isinstance(t, Tensor) else (like._lift(t) if like is not None else Tensor(t))
+        for t in items
+    ]
 
 
 def concat(tensors: Any, axis: int = 0) -> Tensor:

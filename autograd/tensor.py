@@ -180,7 +180,16 @@ def _check_finite(array: np.ndarray, what: str, fn: Function, arrays: Sequence[A
 class Tensor:
     """A numpy array plus what reverse mode needs: .grad, .requires_grad and the op that made it."""
 
-    __slots__ = ("_data", "grad", "_requires_grad", "_ctx", "_version", "_retains_grad", "name")
+    __slots__ = (
+        "_data",
+        "grad",
+        "_requires_grad",
+        "_ctx",
+        "_version",
+        "_retains_grad",
+        "name",
+        "__weakref__",
+    )
     __array_ufunc__ = None  # `ndarray + Tensor` defers to Tensor.__radd__ instead of unwrapping
 
     def __init__(

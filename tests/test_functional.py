@@ -338,7 +338,9 @@ def test_index_errors_are_clear():
         F.embedding(w, np.array([1.0]))
     with pytest.raises(IndexError, match="gather: index 3 is out of range"):
         F.gather(w, np.array([[3]]), axis=1)
-    with pytest.raises(ValueError, match=r"cross_entropy: target 5 out of range"):
+    with pytest.raises(
+        ValueError, match=r"cross_entropy: target 5 at \(2,\) is out of range \[0, 3\)"
+    ):
         F.cross_entropy(w, np.array([0, 1, 5, 2]))
     with pytest.raises(ValueError, match=r"cross_entropy: targets \(3,\) must have"):
         F.cross_entropy(w, np.array([0, 1, 2]))
@@ -349,3 +351,15 @@ def test_ops_keep_float32():
     x = Tensor(np.random.default_rng(0).standard_normal((2, 3, 4)), requires_grad=True)
     for y in (F.softmax(x), F.log_softmax(x), F.gelu(x), F.layer_norm(x)):
         assert y.dtype == np.float32
+
+
+@given(case=attention_case(), dv=st.integers(1, 4))
+def test_attention_value_width_may_differ(case, dv):
+    # notes ch. 11 has d_k = 1 and d_v = 2: V's width is independent of Q/K's
+    q, k, v, causal = case
+    v = np.resize(v, v.shape[:3] + (dv,))
+    check_op(
+        lambda a, b, c: F.scaled_dot_product_attention(a, b, c, causal=causal),
+        lambda a, b, c: np_attention(a, b, c, causal),
+        [q, k, v],
+    )
