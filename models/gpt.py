@@ -150,7 +150,8 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = Transformer(config, rng)
 
-    def _describe(self) -> str:
+    def describe(self) -> str:
+        """One line naming the model and its sizes (used in error messages and logs)."""
         c = self.config
         return (
             f"GPT(vocab_size={c.vocab_size}, block_size={c.block_size}, n_layer={c.n_layer}, "
@@ -162,18 +163,18 @@ class GPT(nn.Module):
         ids = np.asarray(idx.data if isinstance(idx, Tensor) else idx)
         if ids.dtype.kind not in "iu":
             raise TypeError(
-                f"{self._describe()}.{what}: idx must hold integer token ids, got dtype "
+                f"{self.describe()}.{what}: idx must hold integer token ids, got dtype "
                 f"{ids.dtype} with shape {ids.shape}"
             )
         if ids.ndim != 2 or ids.shape[1] == 0:
             raise ValueError(
-                f"{self._describe()}.{what}: idx must have shape (batch, time) with time >= 1, "
+                f"{self.describe()}.{what}: idx must have shape (batch, time) with time >= 1, "
                 f"got shape {ids.shape}"
             )
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= self.config.vocab_size:
             raise ValueError(
-                f"{self._describe()}.{what}: token ids must lie in [0, vocab_size = "
+                f"{self.describe()}.{what}: token ids must lie in [0, vocab_size = "
                 f"{self.config.vocab_size}), got ids from {low} to {high}"
             )
         return ids.astype(np.int64, copy=False)
@@ -197,13 +198,13 @@ class GPT(nn.Module):
         if kv_caches is not None:
             if len(kv_caches) != self.config.n_layer:
                 raise ValueError(
-                    f"{self._describe()}.forward: got {len(kv_caches)} KV caches for "
+                    f"{self.describe()}.forward: got {len(kv_caches)} KV caches for "
                     f"{self.config.n_layer} layers"
                 )
             past = kv_caches[0].length
         if past + length > self.config.block_size:
             raise ValueError(
-                f"{self._describe()}.forward: sequence length {past + length}"
+                f"{self.describe()}.forward: sequence length {past + length}"
                 + (f" ({past} cached + {length} new)" if past else "")
                 + f" exceeds block_size {self.config.block_size}; crop the context to the last "
                 f"{self.config.block_size} tokens"
@@ -225,13 +226,13 @@ class GPT(nn.Module):
         y = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
         if y.dtype.kind not in "iu" or y.shape != shape:
             raise ValueError(
-                f"{self._describe()}.forward: targets must be integer ids shaped like idx "
+                f"{self.describe()}.forward: targets must be integer ids shaped like idx "
                 f"{shape}, got shape {y.shape} dtype {y.dtype}"
             )
         bad = (y != IGNORE_INDEX) & ((y < 0) | (y >= self.config.vocab_size))
         if bad.any():
             raise ValueError(
-                f"{self._describe()}.forward: targets must lie in [0, {self.config.vocab_size}) "
+                f"{self.describe()}.forward: targets must lie in [0, {self.config.vocab_size}) "
                 f"or be {IGNORE_INDEX} (ignored); found {y[bad][0]}"
             )
         return y.astype(np.int64, copy=False)

@@ -42,7 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "data": None,
     "out": "runs/demo",
     "steps": 600,
-    "batch_size": 32,
+    "batch_size": 16,
     "block_size": 64,
     "n_layer": 4,
     "n_head": 4,
@@ -54,7 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "weight_decay": 0.1,
     "grad_clip": 1.0,
     "eval_every": 100,
-    "eval_batches": 8,
+    "eval_batches": 4,
     "seed": 1337,
     "dtype": "float32",
     "sample_tokens": 400,
@@ -405,7 +405,7 @@ def _train(
     }
     _log(
         quiet,
-        f"{model._describe()}: {model.num_parameters():,} parameters, {s['dtype']}; data: "
+        f"{model.describe()}: {model.num_parameters():,} parameters, {s['dtype']}; data: "
         f"{corpus.source}, {len(corpus.train):,} train / {len(corpus.val):,} val tokens; "
         f"unigram baseline {baseline:.3f} nats/token",
     )

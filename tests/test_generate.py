@@ -84,16 +84,18 @@ def test_cached_decoding_does_linear_work_per_token(monkeypatch):
     batch, start, new = 2, 4, BLOCK - 4
     model.generate(prompt(batch, start), new, temperature=0, use_cache=True)
 
-    n_layer, linears_per_layer = 3, 3 + 1 + 2  # q, k, v; attention c_proj; c_fc, c_proj
+    n_layer = 3
     assert len(attention_shapes) == n_layer * new
     prefill = attention_shapes[:n_layer]
     assert prefill == [(start, start)] * n_layer
     for step in range(1, new):
         shapes = attention_shapes[step * n_layer : (step + 1) * n_layer]
         assert shapes == [(1, start + step)] * n_layer  # one query row over the cached keys
-    decode_linears = linear_rows[n_layer * linears_per_layer :]
-    assert len(decode_linears) == (new - 1) * n_layer * linears_per_layer
-    assert set(decode_linears) == {batch}  # one position per sequence per projection
+    # Every step runs the same projections; after the prompt each sees one position per sequence.
+    per_step = len(linear_rows) // new
+    assert len(linear_rows) == per_step * new and per_step >= n_layer * 3
+    assert set(linear_rows[:per_step]) <= {batch * start, batch}  # the head: last position only
+    assert set(linear_rows[per_step:]) == {batch}
 
     attention_shapes.clear()
     model.generate(prompt(batch, start), new, temperature=0, use_cache=False)
@@ -103,12 +105,13 @@ def test_cached_decoding_does_linear_work_per_token(monkeypatch):
 # --- choosing a token (notes 12.2) --------------------------------------------------------------
 
 
+# Logits at least 0.1 apart: the kept sets of top-k / top-p are then unambiguous (no ties).
 logit_rows = arrays(
-    np.float64,
+    np.int64,
     st.tuples(st.integers(1, 3), st.integers(2, 12)),
-    elements=st.floats(-5, 5),
-    unique=True,  # distinct logits: the kept set of top-k / top-p is then unambiguous
-)
+    elements=st.integers(-50, 50),
+    unique=True,
+).map(lambda a: a / 10.0)
 
 
 @settings(deadline=None)
