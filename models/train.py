@@ -112,12 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--resume", action="store_true", help="continue the run saved in --out")
     add("--quiet", action="store_true", help="no progress bar or periodic lines")
+    add("--ddp", action="store_true", help="data parallel over MPI ranks (run under mpiexec)")
     return p
 
 
 def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The run's settings: defaults < checkpoint (on --resume) < what was given on the line."""
-    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("resume", "quiet")}
+    given = {
+        k: v for k, v in vars(args).items() if v is not None and k not in ("resume", "quiet", "ddp")
+    }
     settings = {**DEFAULTS, **given}
     if args.resume:
         saved = read_train_state(Path(settings["out"]))["settings"]
@@ -472,6 +475,10 @@ def sample_text(model: GPT, tokenizer: CharTokenizer, prompt: str, n_tokens: int
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (glassgrad-train)."""
     args = build_parser().parse_args(argv)
+    if args.ddp:
+        from models import ddp  # needs mpi4py, only imported when asked for
+
+        return ddp.main(args)
     settings = resolve_settings(args)
     with stop_on_interrupt() as stop:
         history = train(settings, resume=args.resume, quiet=args.quiet, stop=stop)
