@@ -30,6 +30,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import sys
 import threading
 import time
@@ -60,6 +61,32 @@ def _mpi() -> Any:
             '`pip install "glassgrad[mpi]"` (the mpi4py and mpich wheels, no system MPI needed)'
         ) from None
     return MPI
+
+
+def find_mpiexec() -> Path | None:
+    """The mpiexec of the mpich wheel (installed beside this interpreter, e.g. .venv/bin), else
+    the first one on PATH; None when there is none."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file():
+        return beside
+    found = shutil.which("mpiexec")
+    return Path(found) if found else None
+
+
+def mpiexec_command(n: int) -> list[str]:
+    """`mpiexec -n n` for this machine, ready for a Python command line to be appended.
+
+    MPICH's launcher (hydra) is told to fork the ranks locally: no ssh and no host name lookup,
+    which sandboxes and containers often lack.
+    """
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise FileNotFoundError(
+            f"no mpiexec beside {sys.executable} or on PATH; install the MPI extra: "
+            'pip install "glassgrad[mpi]"'
+        )
+    local = ["-launcher", "fork"] if (mpiexec.parent / "mpiexec.hydra").exists() else []
+    return [str(mpiexec), *local, "-n", str(n)]
 
 
 class GradientAllreduce:
