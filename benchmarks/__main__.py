@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"do not re-execute without {' / '.join(BLAS_ENV_VARS)} (only warn)",
     )
+    parser.add_argument(
+        "--render",
+        metavar="FILE",
+        help="run nothing: re-render the table / --markdown / --plot from a saved --json FILE",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 
@@ -86,10 +91,14 @@ def main(argv: list[str] | None = None) -> int:
         print(warning, file=sys.stderr)
 
     # Heavy imports only after the environment is settled.
-    from benchmarks import report
     from benchmarks.configs import parse_config
     from benchmarks.runner import SUITES, run_benchmarks
 
+    if args.render:
+        with open(args.render, encoding="utf-8") as f:
+            results = json.load(f)
+        _write_outputs(results, args, results.get("command", "python -m benchmarks"))
+        return 0
     try:
         configs = [parse_config(c) for c in args.config] if args.config else None
         log = (lambda _msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
@@ -106,20 +115,27 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    argv_shown = shlex.join(a for a in argv if a != "--quiet")
+    results["command"] = f"python -m benchmarks {argv_shown}".strip()
+    _write_outputs(results, args, results["command"])
+    return 0
+
+
+def _write_outputs(results: dict, args: argparse.Namespace, command: str) -> None:
+    from benchmarks import report
+
     print(report.text_report(results))
-    if args.json:
+    if args.json and not args.render:
         report.write_json(results, args.json)
     if args.plot:
         report.write_plot(results, args.plot)
     if args.markdown:
-        command = "python -m benchmarks " + shlex.join(a for a in argv if a not in ("--quiet",))
-        text = report.markdown_report(results, command.strip())
+        text = report.markdown_report(results, command)
         if args.markdown == "-":
             print(text)
         else:
             with open(args.markdown, "w", encoding="utf-8") as f:
                 f.write(text)
-    return 0
 
 
 if __name__ == "__main__":

@@ -166,6 +166,12 @@ def _notes() -> list[str]:
         f"Peak memory: {MEMORY_METHOD}, one extra call per variant.",
         "glassgrad/torch < 1 means glassgrad is faster; vs numpy-ref = numpy-reference time / "
         "Numba time.",
+        "Compile / cached load: first call minus second call of each Numba kernel in a fresh "
+        "process (empty cache, then the cache it wrote); a jitted helper shared by several "
+        "kernels is counted in the first one probed; the first kernel also starts the thread "
+        "pool.",
+        "Load average: other processes sharing the cores inflate every figure, the parallel "
+        "Numba kernels (a barrier per call) most.",
         "Decode: time of the step that produces token t+1 from t tokens; cached = one position "
         "through the KV cache, uncached = the whole context again.",
     ]
@@ -206,7 +212,14 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
     """The README's results section."""
     parts = [
         "## Benchmark results",
-        f"Produced by `{command}` on this machine.",
+        f"Produced by `{command}` on the machine described below. To measure yours:\n\n"
+        "```\nenv -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m benchmarks --markdown "
+        "results.md --json results.json --plot results.png\n```\n\n"
+        "`--quick` finishes in under a minute; `--threads N` sets BLAS, Numba and PyTorch threads; "
+        "`--suite` / `--config` pick what to run (`python -m benchmarks --help`). The PyTorch "
+        "columns need torch (optional, CPU wheel: `pip install torch`); without it they are "
+        "skipped. The runner re-executes itself without the OpenBLAS variables above (they force "
+        "a slower kernel) unless given `--keep-blas-env`.",
         "\n".join(f"- {line}" for line in _header_lines(results)),
     ]
     for title, headers, rows in _tables(results):

@@ -4,14 +4,17 @@
    Numba compilation or cache loading, first-touch allocations, PyTorch's lazy init).
 2. Peak memory: one more, untimed call per variant with the kernel's peak-RSS counter reset
    (Linux /proc/self/clear_refs "5"): peak_mb = VmHWM after the call - VmRSS before it, i.e. the
-   resident memory the call added at its peak. Where that is unavailable, the ru_maxrss delta
-   (which only shows a new high-water mark) is used instead; `memory_method` says which.
+   resident memory the call added at its peak (after glibc's malloc_trim, so that memory an
+   earlier variant freed but the allocator kept is not silently reused). Where that is
+   unavailable, the ru_maxrss delta (which only shows a new high-water mark) is used instead;
+   `memory_method` says which.
 3. Repetitions alternate between the variants (A B C A B C ...), so that a burst of load from
    other processes on a shared machine hits all of them alike; each reports median, min and max.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import resource
 import time
@@ -46,9 +49,19 @@ MEMORY_METHOD = (
 )
 
 
+def _release_free_memory() -> None:
+    """Return the C allocator's cached free blocks to the OS (glibc), so that memory freed by an
+    earlier variant does not hide this one's allocations from the RSS counters."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def peak_memory_mb(fn: Callable[[], Any]) -> float:
     """Resident memory (MiB) that one call of fn adds at its peak; see the module docstring."""
     gc.collect()
+    _release_free_memory()
     if MEMORY_METHOD.startswith("VmHWM"):
         before = _status_kb("VmRSS")
         _reset_peak_rss()
