@@ -152,7 +152,9 @@ class Function:
         if requires_grad:
             fn.inputs = inputs
             # Version counters of the inputs whose arrays backward will read (saved-tensor safety).
-            saved_ids = {id(a) for a in fn.saved if isinstance(a, np.ndarray)}
+            # (a saved reshape or slice of an input counts too: its .base is the input's array)
+            saved = [a for a in fn.saved if isinstance(a, np.ndarray)]
+            saved_ids = {id(a) for a in saved} | {id(a.base) for a in saved if a.base is not None}
             fn._saved_inputs = tuple(i for i, a in enumerate(arrays) if id(a) in saved_ids)
             fn._versions = tuple(inputs[i]._version for i in fn._saved_inputs)
             fn._saves_output = id(out_data) in saved_ids

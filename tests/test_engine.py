@@ -252,3 +252,14 @@ def test_gradcheck_reports_the_worst_element():
     assert good.ok and good.max_rel_error < 1e-8
     with pytest.raises(TypeError, match="float64"):
         autograd.gradcheck(lambda t: t * t, [Tensor([1.0], requires_grad=True)])
+
+
+def test_inplace_change_of_an_input_saved_as_a_view_is_detected():
+    import nn
+
+    w = Tensor(np.ones((3, 2)), requires_grad=True)
+    x = Tensor(np.ones((2, 2, 3)))
+    y = nn.linear(x, w).sum()  # linear saves x reshaped to (4, 3): a view of x's array
+    x[0, 0, 0] = 5.0
+    with pytest.raises(RuntimeError, match="modified in place"):
+        y.backward()
