@@ -19,6 +19,7 @@ benchmarks.runner can run this as a suite: ddp_suite(ctx, config) returns one re
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -184,8 +185,13 @@ def ddp_suite(ctx: Any, config: BenchConfig) -> list[dict[str, Any]]:
     """The runner's "ddp" suite: one record for `config` at 1 and 2 ranks (ctx: its Context).
 
     Variants are "1 rank" and "2 ranks" (median_ms per step, tokens_per_s); ratios has the
-    scaling efficiency of 2 ranks.
+    scaling efficiency of 2 ranks. Without MPI (the optional extra) it logs why and returns [].
     """
+    from models.ddp import find_mpiexec
+
+    if importlib.util.find_spec("mpi4py") is None or find_mpiexec() is None:
+        ctx.log('  ddp: skipped, MPI is not installed (pip install "glassgrad[mpi]")')
+        return []
     steps = 5 if ctx.quick else 20
     result = measure(config, (1, 2), reps=ctx.reps, steps=steps, warmup=2, log=ctx.log)
     variants = {

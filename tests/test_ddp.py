@@ -193,6 +193,20 @@ def test_usage_error_on_all_ranks_stops_the_job(mpi, data_file, tmp_path):
     assert "--batch-size 5 must be divisible by the number of ranks 2" in result.stderr
 
 
+def test_benchmark_reports_tokens_per_s_and_scaling(mpi):
+    from benchmarks import ddp as bench
+    from benchmarks.configs import STANDARD
+
+    ctx = types.SimpleNamespace(quick=True, reps=1, log=lambda msg: None)
+    [record] = bench.ddp_suite(ctx, STANDARD["tiny"])
+    one, two = record["variants"]["1 rank"], record["variants"]["2 ranks"]
+    assert one["tokens_per_s"] > 0 and two["tokens_per_s"] > 0
+    efficiency = two["tokens_per_s"] / (2 * one["tokens_per_s"])
+    assert record["ratios"]["scaling_efficiency"] == pytest.approx(efficiency)
+    assert record["params"]["allreduce_bytes"] == 4 * (record["params"]["n_params"] + 2)
+    assert "| 2 | " in bench.text_report({**record["params"], "ranks": {"1": one, "2": two}})
+
+
 # --- in-process pieces, with a stand-in communicator -------------------------------------------
 
 
