@@ -233,23 +233,23 @@ def attention_inputs(draw):
     dt = draw(dtypes)
     q, go = (rng.standard_normal((b, h, tq, d)).astype(dt) for _ in range(2))
     k, v = (rng.standard_normal((b, h, tk, d)).astype(dt) for _ in range(2))
-    blocks = draw(st.sampled_from([(64, 64), (8, 5), (1, 3), (16, 64)]))
-    return q, k, v, go, causal, blocks
+    block_q = draw(st.sampled_from([64, 8, 5, 1]))  # small blocks cross block edges
+    return q, k, v, go, causal, block_q
 
 
 @given(attention_inputs())
 @settings(deadline=None, max_examples=30)
 def test_attention_matches_reference(inputs):
-    q, k, v, go, causal, (block_q, block_k) = inputs
+    q, k, v, go, causal, block_q = inputs
     dt = q.dtype.type
     o, lse = attention.attention_forward_numpy(q, k, v, causal)
-    saved = attention.BLOCK_Q, attention.BLOCK_K
-    attention.BLOCK_Q, attention.BLOCK_K = block_q, block_k  # small blocks cross block edges
+    saved = attention.BLOCK_Q
+    attention.BLOCK_Q = block_q
     try:
         o2, lse2 = attention.attention_forward_numba(q, k, v, causal)
         grads = attention.attention_backward_numba(q, k, v, o, lse, go, causal)
     finally:
-        attention.BLOCK_Q, attention.BLOCK_K = saved
+        attention.BLOCK_Q = saved
     assert_close(o2, o, dt)
     assert_close(lse2, lse, dt, 10.0)
     for got, want in zip(
@@ -395,9 +395,9 @@ def test_set_and_use_backend(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 MEMORY_SCRIPT = """
-    import json, sys
+    import json, sys, tracemalloc
     import numpy as np
-    from autograd.kernels import attention
+    from autograd.kernels import _common, attention
 
     def peak_kib():
         for line in open("/proc/self/status"):
@@ -408,7 +408,11 @@ MEMORY_SCRIPT = """
         fwd = getattr(attention, "attention_forward_" + backend)
         bwd = getattr(attention, "attention_backward_" + backend)
         small = np.ones((1, 1, 8, D), np.float32)
-        bwd(small, small, small, *fwd(small, small, small), small)  # compile, start threads
+        _common.PARALLEL_MIN_WORK = 0  # so that the warm-up compiles the parallel builds
+        bwd(small, small, small, *fwd(small, small, small), small)  # and starts the threads
+        a = np.ones((1024, 1024), np.float32)
+        a @ a, a.T @ a  # OpenBLAS touches its own work buffers once per process: do it now
+        del a
         rng = np.random.default_rng(0)
         q, k, v, go = (rng.standard_normal((1, 1, T, D)).astype(np.float32) for _ in range(4))
         with open("/proc/self/clear_refs", "w") as f:
@@ -416,7 +420,11 @@ MEMORY_SCRIPT = """
         base = peak_kib()
         o, lse = fwd(q, k, v, True)
         grads = bwd(q, k, v, o, lse, go, True)
-        return (peak_kib() - base) / 1024
+        rss = (peak_kib() - base) / 1024
+        del o, lse, grads
+        tracemalloc.start()  # numpy reports its allocations to tracemalloc; a second run
+        bwd(q, k, v, *fwd(q, k, v, True), go, True)
+        return rss, tracemalloc.get_traced_memory()[1] / 2**20
 
     print(json.dumps(peak_growth_mib(sys.argv[1])))
 """
@@ -424,12 +432,13 @@ MEMORY_SCRIPT = """
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
 def test_attention_memory_stays_far_below_t_by_t():
-    # Peak RSS growth (sees Numba's allocations too, unlike tracemalloc) during forward + backward
-    # at T=2048: a (T, T) float32 buffer alone is 16 MiB.
+    # Forward + backward at T=2048, where one (T, T) float32 buffer alone is 16 MiB. Two probes:
+    # peak RSS growth (sees every allocation, Numba's and BLAS's too) and tracemalloc's peak of
+    # numpy's allocations (outputs, the O(B*H*BLOCK_Q*T) scratch and the gk/gv partials: ~3 MiB).
     def growth(backend):
         out = run_python(MEMORY_SCRIPT, backend)
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 
-    assert growth("numba") < 4.0
-    assert growth("numpy") > 16.0  # the reference does hold (T, T) buffers: the probe works
+    assert max(growth("numba")) < 4.0
+    assert min(growth("numpy")) > 16.0  # the reference does hold (T, T) buffers: the probes work

@@ -1,4 +1,9 @@
-"""Argument checks shared by the kernels (numpy only: importing this never imports Numba)."""
+"""Argument checks and the serial/parallel kernel builder shared by the kernels.
+
+Importing this module never imports Numba; building the first `Kernel` does.
+"""
+
+import types
 
 import numpy as np
 
@@ -39,3 +44,37 @@ def same_shape(a, b, kernel, names):
 # vector lanes (2-5x faster reductions; the rounding differs from a left-to-right sum by a few
 # ulp, and it is still the same on every run). No "nnan"/"ninf": -inf is how masks are written.
 FASTMATH = {"reassoc"}
+
+
+# Below this many inner-loop iterations a kernel runs its serial build on the calling thread:
+# handing a small job to Numba's thread pool costs ~20-50 us on a quiet machine and several ms when
+# other processes keep both cores busy, far more than the job itself. Measured in docs/kernels.md
+# ("Serial or parallel"); tests lower or raise it to force one build.
+PARALLEL_MIN_WORK = 1 << 17
+
+
+class Kernel:
+    """One loop compiled twice: `parallel` (prange spread over Numba's threads) and `serial`.
+
+    Use as a decorator on a function written with `prange`; the serial build runs prange as a plain
+    range. Call as ``kernel(work, *args)``, where `work` is roughly the number of inner-loop
+    iterations; it picks the build by comparing `work` with PARALLEL_MIN_WORK (read at call time).
+    Numba is imported here, on first use, so that importing this module stays Numba-free.
+    """
+
+    def __init__(self, fn):
+        import numba  # here, not at the top: see the module docstring
+
+        # A renamed copy of the function: Numba's on-disk cache files are named after the
+        # qualified name and do not record the parallel flag, so two builds of one function
+        # would load each other's machine code.
+        serial = types.FunctionType(
+            fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__, fn.__closure__
+        )
+        serial.__qualname__ = fn.__qualname__ + "_serial"
+        self.__doc__ = fn.__doc__
+        self.parallel = numba.njit(parallel=True, cache=True, fastmath=FASTMATH)(fn)
+        self.serial = numba.njit(parallel=False, cache=True, fastmath=FASTMATH)(serial)
+
+    def __call__(self, work, *args):
+        return (self.parallel if work >= PARALLEL_MIN_WORK else self.serial)(*args)

@@ -16,28 +16,33 @@ Backward, given go = dL/do (notes 10.5-10.7):
     gq = dS k * scale,  gk = dS^T q * scale.
 (Di = rowsum(P * dP) because o = P v; it is the "weighted average" term of notes 10.6.)
 
-The numpy reference builds the (Tq, Tk) score matrix per head. The Numba kernels follow
-FlashAttention-2: they walk key blocks of BLOCK_K columns, keep a running max m, running sum l and
-a rescaled output accumulator per query row (online softmax), skip blocks that are entirely in
-the masked future, and store only o and lse. The backward recomputes P block by block from q, k
-and lse. No (Tq, Tk) buffer exists: per thread they use O(BLOCK_Q * (BLOCK_K + D)) scratch,
-plus O(B * H * T * D) for transposed copies of k and v.
+The numpy reference builds the (Tq, Tk) score matrix per head. The fast path never does: it walks
+blocks of BLOCK_Q query rows, and for each block takes only the keys that some row of the block may
+read (causal: the block's past plus its diagonal part; the masked future is never computed):
+    forward:  S = q_blk k^T (BLAS)  ->  P = softmax(S * scale), lse (Numba)  ->  o_blk = P v (BLAS)
+    backward: S = q_blk k^T, dP = go_blk v^T (BLAS)  ->  P = exp(S * scale - lse),
+              dS = P (dP - Di) scale (Numba)  ->  gq_blk = dS k, gv += P^T go, gk += dS^T q (BLAS)
+Each product is one np.matmul batched over the B * H heads (numpy hands each head's matrices to
+its BLAS sgemm/dgemm, which runs ~5x faster than a plain loop), and the elementwise steps are fused
+into one Numba pass over each row. Only o and one lse per row are stored; the backward recomputes
+P from q, k and lse. Scratch: B * H * BLOCK_Q * Tk values for S (the backward: twice that, plus
+B * H * Tk * D for a partial gk or gv), i.e. O(B * H * T * D) while BLOCK_Q <= D; a (Tq, Tk) matrix
+per head exists only when Tq <= BLOCK_Q, where it is that small anyway.
 
 Both paths return o, gq, gk, gv and lse in the dtype of q (lse is summed in float64 first).
 """
 
 import math
 
-import numba
 import numpy as np
 from numba import prange
 
-from ._common import FASTMATH, float_array
+from ._common import Kernel, float_array
+from ._exp import exp
 
-# Block sizes of the Numba kernels; any positive values are correct (tests shrink them to cross
-# block edges on small inputs), these are fast on a 1 MiB L2 cache.
+# Query rows per block of the fast path. Any positive value is correct (tests shrink it to cross
+# block edges on small inputs); measured in docs/kernels.md.
 BLOCK_Q = 64
-BLOCK_K = 64
 
 
 def _check(kernel, q, k, v, causal):
@@ -111,100 +116,57 @@ def attention_backward_numpy(q, k, v, o, lse, go, causal=True):
 
 
 # ---------------------------------------------------------------------------------------------
-# Numba kernels (FlashAttention-2 style). Heads are flattened to bh = b * H + h. Inner loops run
-# over a contiguous axis with no loop-carried sum, so LLVM turns them into SIMD: scores are
-# built from the transposed keys kT (D, Tk) as s[j] += q[i, d] * kT[d, j].
+# Blocked kernels: numpy's BLAS does the products, Numba the fused elementwise steps. Heads are
+# flattened to bh = b * H + h, so every product is one np.matmul batched over B * H heads.
 # ---------------------------------------------------------------------------------------------
 
 
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _flash_forward(q, kT, v, scale, causal, block_q, block_k, o, lse):
-    n_heads, tq, d_head = q.shape
-    tk = v.shape[1]
-    shift = tk - tq  # causal: row i reads keys j <= i + shift
-    n_qblocks = (tq + block_q - 1) // block_q
-    # one task per (head, query block): tasks are independent, so no synchronisation at all
-    for task in prange(n_heads * n_qblocks):
-        bh, i0 = task // n_qblocks, (task % n_qblocks) * block_q
-        i1 = min(i0 + block_q, tq)
-        acc = np.zeros((i1 - i0, d_head), q.dtype)  # unnormalised o rows
-        m = np.full(i1 - i0, -np.inf, q.dtype)  # running max of each row's scores
-        l = np.zeros(i1 - i0, np.float64)  # running sum of exp(score - m)
-        s = np.empty(block_k, q.dtype)
-        # keys beyond the last row's allowed set are never visited (the masked future)
-        k_end = min(tk, i1 + shift) if causal else tk
-        for j0 in range(0, k_end, block_k):
-            for i in range(i0, i1):
-                r = i - i0
-                j1 = min(j0 + block_k, i + shift + 1) if causal else min(j0 + block_k, tk)
-                if j1 <= j0:
-                    continue  # this whole key block is in row i's future
-                n = j1 - j0
-                s[:n] = 0
-                qi = q[bh, i]
-                for d in range(d_head):
-                    qd = qi[d]
-                    krow = kT[bh, d, j0:j1]
-                    for j in range(n):
-                        s[j] += qd * krow[j]
-                m_new = m[r]
-                for j in range(n):
-                    s[j] *= scale
-                    m_new = max(m_new, s[j])
-                # rescale what was summed under the old max: exp(m_old - m_new) <= 1
-                alpha = np.exp(m[r] - m_new)
-                l[r] *= alpha
-                accr = acc[r]
-                for c in range(d_head):
-                    accr[c] *= alpha
-                for j in range(n):
-                    p = np.exp(s[j] - m_new)
-                    l[r] += p
-                    vrow = v[bh, j0 + j]
-                    for c in range(d_head):
-                        accr[c] += p * vrow[c]
-                m[r] = m_new
-        for i in range(i0, i1):
-            r = i - i0
-            for c in range(d_head):
-                o[bh, i, c] = acc[r, c] / l[r]
-            lse[bh, i] = m[r] + np.log(l[r])
+@Kernel
+def _probs_forward(s, scale, causal, first, lse, i0):
+    """Scores -> probabilities in place, one row per (head, query); lse[bh, i0 + r] per row.
+
+    s is (heads, n, width) = q_block k^T (unscaled). Row r may read keys j < first + r + 1 when
+    causal (first = i0 + Tk - Tq); the rest of the row (the masked future inside the diagonal
+    block) is set to 0, so the products with v that follow ignore it.
+    """
+    n_heads, n, width = s.shape
+    for task in prange(n_heads * n):
+        bh, r = task // n, task % n
+        row = s[bh, r]
+        end = min(width, first + r + 1) if causal else width
+        m = row[0]
+        for j in range(1, end):
+            m = max(m, row[j])
+        total = 0.0  # float64 sum, also for float32 rows
+        for j in range(end):
+            e = exp((row[j] - m) * scale)  # scale > 0, so the max of the scaled row is m*scale
+            row[j] = e
+            total += e
+        inv = 1.0 / total
+        for j in range(end):
+            row[j] = row[j] * inv
+        row[end:] = 0
+        lse[bh, i0 + r] = m * scale + np.log(total)
 
 
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _flash_backward(q, k, kT, vT, go, lse, di, scale, causal, block_k, gq, gk, gv):
-    """gq, gk, gv must be zero on entry; one task per head owns all three for that head."""
-    n_heads, tq, d_head = q.shape
-    tk = k.shape[1]
-    shift = tk - tq
-    for bh in prange(n_heads):
-        s = np.empty(block_k, q.dtype)
-        dp = np.empty(block_k, q.dtype)
-        for j0 in range(0, tk, block_k):
-            # gk, gv rows j0:j0+block_k stay in cache while all query rows that see them pass
-            i_start = max(0, j0 - shift) if causal else 0
-            for i in range(i_start, tq):
-                j1 = min(j0 + block_k, i + shift + 1) if causal else min(j0 + block_k, tk)
-                n = j1 - j0
-                s[:n] = 0
-                dp[:n] = 0
-                qi, goi, gqi = q[bh, i], go[bh, i], gq[bh, i]
-                for d in range(d_head):
-                    qd, god = qi[d], goi[d]
-                    krow, vrow = kT[bh, d, j0:j1], vT[bh, d, j0:j1]
-                    for j in range(n):
-                        s[j] += qd * krow[j]
-                        dp[j] += god * vrow[j]
-                for j in range(n):
-                    s[j] = np.exp(s[j] * scale - lse[bh, i])  # recomputed P_ij
-                    dp[j] = s[j] * (dp[j] - di[bh, i]) * scale  # dS_ij, 1/sqrt(D) folded in
-                for j in range(n):
-                    p, ds = s[j], dp[j]
-                    gvj, gkj, kj = gv[bh, j0 + j], gk[bh, j0 + j], k[bh, j0 + j]
-                    for c in range(d_head):
-                        gvj[c] += p * goi[c]
-                        gkj[c] += ds * qi[c]
-                        gqi[c] += ds * kj[c]
+@Kernel
+def _ds_backward(s, dp, lse, di, scale, causal, first, i0):
+    """In place: s (scores) -> P = exp(s * scale - lse), dp (= go v^T) -> dS = P (dp - Di) scale.
+
+    Same row layout and masking as _probs_forward; masked entries become 0 in both.
+    """
+    n_heads, n, width = s.shape
+    for task in prange(n_heads * n):
+        bh, r = task // n, task % n
+        srow, drow = s[bh, r], dp[bh, r]
+        end = min(width, first + r + 1) if causal else width
+        row_lse, row_di = lse[bh, i0 + r], di[bh, i0 + r]
+        for j in range(end):
+            p = exp(srow[j] * scale - row_lse)
+            srow[j] = p
+            drow[j] = p * (drow[j] - row_di) * scale
+        srow[end:] = 0
+        drow[end:] = 0
 
 
 def _scale(q):
@@ -217,35 +179,65 @@ def _heads(a):
     return a.reshape(-1, *a.shape[2:])
 
 
-def _transposed_heads(a):
-    """(B, H, T, D) -> contiguous (B * H, D, T), so a key's d-th entries are adjacent in memory."""
-    return np.ascontiguousarray(_heads(a).transpose(0, 2, 1))
+def _query_blocks(tq, tk, causal):
+    """(i0, i1, width): query rows i0:i1 and the keys 0:width that any of them may read."""
+    for i0 in range(0, tq, BLOCK_Q):
+        i1 = min(i0 + BLOCK_Q, tq)
+        yield i0, i1, (min(tk, i1 + tk - tq) if causal else tk)
+
+
+def _scratch(buffer, *shape):
+    """A C-contiguous (shape) view on the front of a flat scratch buffer."""
+    return buffer[: math.prod(shape)].reshape(shape)
 
 
 def attention_forward_numba(q, k, v, causal=True):
-    """FlashAttention-2 style forward; same contract as attention_forward_numpy."""
+    """Blocked forward (BLAS products, Numba softmax); same contract as attention_forward_numpy."""
     q, k, v = _check("attention_forward", q, k, v, causal)
+    (n_heads, tq, _), tk = _heads(q).shape, k.shape[2]
+    qh, kh, vh = _heads(q), _heads(k), _heads(v)
     o = np.empty_like(q)
-    lse = np.empty(q.shape[:3], q.dtype)
-    _flash_forward(
-        _heads(q), _transposed_heads(k), _heads(v), _scale(q), causal, BLOCK_Q, BLOCK_K, _heads(o),
-        lse.reshape(-1, q.shape[2]),
-    )  # fmt: skip
-    return o, lse
+    oh = _heads(o)
+    lse = np.empty((n_heads, tq), q.dtype)
+    scale = _scale(q)
+    buffer = np.empty(n_heads * min(BLOCK_Q, tq) * tk, q.dtype)
+    for i0, i1, width in _query_blocks(tq, tk, causal):
+        s = _scratch(buffer, n_heads, i1 - i0, width)
+        np.matmul(qh[:, i0:i1], kh[:, :width].swapaxes(1, 2), out=s)
+        _probs_forward(s.size, s, scale, causal, i0 + tk - tq, lse, i0)
+        np.matmul(s, vh[:, :width], out=oh[:, i0:i1])
+    return o, lse.reshape(q.shape[:3])
 
 
 def attention_backward_numba(q, k, v, o, lse, go, causal=True):
-    """FlashAttention-2 style backward; same contract as attention_backward_numpy."""
+    """Blocked backward (BLAS products, Numba dS); same contract as attention_backward_numpy."""
     kernel = "attention_backward"
     q, k, v = _check(kernel, q, k, v, causal)
     o = _check_grad(kernel, "o", o, q)
     go = _check_grad(kernel, "go", go, q)
     lse = _check_grad(kernel, "lse", lse, q[..., 0])
+    (n_heads, tq, d_head), tk = _heads(q).shape, k.shape[2]
+    qh, kh, vh, goh = _heads(q), _heads(k), _heads(v), _heads(go)
     di = np.sum(go * o, axis=-1, dtype=np.float64).astype(q.dtype)  # Di = rowsum(go * o)
-    gq, gk, gv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    _flash_backward(
-        _heads(q), _heads(k), _transposed_heads(k), _transposed_heads(v), _heads(go),
-        lse.reshape(-1, q.shape[2]), di.reshape(-1, q.shape[2]), _scale(q), causal, BLOCK_K,
-        _heads(gq), _heads(gk), _heads(gv),
-    )  # fmt: skip
+    gq, gk, gv = np.empty_like(q), np.zeros_like(k), np.zeros_like(v)
+    gqh, gkh, gvh = _heads(gq), _heads(gk), _heads(gv)
+    scale = _scale(q)
+    rows = min(BLOCK_Q, tq)
+    s_buffer, dp_buffer = (np.empty(n_heads * rows * tk, q.dtype) for _ in range(2))
+    part_buffer = np.empty(n_heads * tk * d_head, q.dtype)
+    for i0, i1, width in _query_blocks(tq, tk, causal):
+        s = _scratch(s_buffer, n_heads, i1 - i0, width)
+        dp = _scratch(dp_buffer, n_heads, i1 - i0, width)
+        part = _scratch(part_buffer, n_heads, width, d_head)
+        np.matmul(qh[:, i0:i1], kh[:, :width].swapaxes(1, 2), out=s)
+        np.matmul(goh[:, i0:i1], vh[:, :width].swapaxes(1, 2), out=dp)
+        _ds_backward(
+            s.size, s, dp, lse.reshape(n_heads, tq), di.reshape(n_heads, tq), scale, causal,
+            i0 + tk - tq, i0,
+        )  # fmt: skip
+        np.matmul(dp, kh[:, :width], out=gqh[:, i0:i1])  # gq rows of this block: dS k
+        np.matmul(s.swapaxes(1, 2), goh[:, i0:i1], out=part)  # gv += P^T go
+        gvh[:, :width] += part
+        np.matmul(dp.swapaxes(1, 2), qh[:, i0:i1], out=part)  # gk += dS^T q
+        gkh[:, :width] += part
     return gq, gk, gv
