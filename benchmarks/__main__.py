@@ -1,6 +1,7 @@
 """`python -m benchmarks` / `glassgrad-bench`: honest figures for this machine in one command.
 
-    python -m benchmarks                       # all suites, configs tiny, mid, small
+    python -m benchmarks                       # ops, kernels, train, generate on tiny, mid, small
+    python -m benchmarks --suite ddp           # training tokens/s at 1 and 2 MPI ranks
     python -m benchmarks --quick               # small shapes, < 1 minute (the test suite runs it)
     python -m benchmarks --suite train --config V65/T128/L4/H4/C128/B16 --threads 2
     python -m benchmarks --json out.json --markdown docs/benchmarks.md --plot bench.png
@@ -32,8 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--suite",
         action="append",
-        choices=("ops", "kernels", "train", "generate"),
-        help="suite to run (repeatable; default: all)",
+        choices=("ops", "kernels", "train", "generate", "ddp"),
+        help="suite to run (repeatable; default: ops, kernels, train, generate; ddp on request)",
     )
     parser.add_argument(
         "--config",
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Heavy imports only after the environment is settled.
     from benchmarks.configs import parse_config
-    from benchmarks.runner import SUITES, run_benchmarks
+    from benchmarks.runner import DEFAULT_SUITES, run_benchmarks
 
     if args.render:
         with open(args.render, encoding="utf-8") as f:
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = [parse_config(c) for c in args.config] if args.config else None
         log = (lambda _msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
         results = run_benchmarks(
-            args.suite or list(SUITES),
+            args.suite or DEFAULT_SUITES,
             configs=configs,
             quick=args.quick,
             reps=args.reps,

@@ -89,6 +89,23 @@ def _tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str
             "tokens/s cached",
         ]
         tables.append(("Decode step, batch 1 (glassgrad = Numba kernels)", headers, rows))
+    if suites.get("ddp"):
+        rows = []
+        for r in suites["ddp"]:
+            for name, v in r["variants"].items():
+                rows.append(
+                    [
+                        f"{r['name']}, {name}",
+                        f"{v['median_ms']:.1f}",
+                        f"{v['allreduce_ms']:.2f}",
+                        f"{v['tokens_per_s']:,.0f}",
+                        f"{r['ratios']['scaling_efficiency']:.2f}" if name != "1 rank" else "",
+                    ]
+                )
+        headers = ["config, ranks", "ms/step", "Allreduce ms", "tokens/s", "scaling efficiency"]
+        tables.append(
+            ("Data-parallel training over MPI (1 BLAS + 1 Numba thread per rank)", headers, rows)
+        )
     for suite, title in (
         ("ops", "Ops, forward + backward"),
         ("kernels", "Kernels: Numba vs numpy reference"),

@@ -6,12 +6,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks import suites, system
+from benchmarks import ddp, suites, system
 from benchmarks.configs import FLOPS_FORMULA, STANDARD, BenchConfig
 from benchmarks.timing import MEMORY_METHOD
 
-# Suite name -> runner(ctx, configs). A new suite (e.g. "ddp": tokens/s at 1 and 2 MPI ranks)
-# registers here and adds its table in report.py.
+# Suite name -> runner(ctx, configs). A new suite registers here and adds its table in report.py.
 SUITES: dict[str, Callable[[suites.Context, list[BenchConfig]], list[dict[str, Any]]]] = {
     "ops": lambda ctx, configs: suites.ops_suite(ctx, configs[-1]),
     "kernels": lambda ctx, configs: suites.kernels_suite(ctx),
@@ -19,7 +18,10 @@ SUITES: dict[str, Callable[[suites.Context, list[BenchConfig]], list[dict[str, A
     "generate": lambda ctx, configs: suites.generate_suite(
         ctx, configs[-1], suites.decode_contexts(configs[-1], ctx.quick)
     ),
+    # tokens/s at 1 and 2 MPI ranks (needs glassgrad[mpi]); run on request only: it starts jobs
+    "ddp": lambda ctx, configs: ddp.ddp_suite(ctx, configs[-1]),
 }
+DEFAULT_SUITES = ["ops", "kernels", "train", "generate"]
 
 
 def run_benchmarks(
