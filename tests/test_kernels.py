@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autograd import kernels
-from autograd.kernels import attention, embedding, layernorm, softmax
+from autograd.kernels import _common, attention, embedding, layernorm, softmax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = ("numpy", "numba")
@@ -272,6 +272,100 @@ def test_attention_causal_alignment_and_errors(backend):
         fwd(np.zeros((1, 1, 3, 4)), np.zeros((1, 1, 2, 4)), np.zeros((1, 1, 2, 4)))
     with pytest.raises(ValueError, match=r"must be \(B, H, T, D\)"):
         fwd(np.zeros((3, 4)), np.zeros((3, 4)), np.zeros((3, 4)))
+
+
+@pytest.mark.parametrize("block_q", [64, 4])
+@pytest.mark.parametrize(
+    "tq, tk, causal",
+    [(1, 1, True), (1, 9, True), (1, 9, False), (13, 13, True), (13, 20, True), (12, 5, False)],
+)
+def test_attention_block_edges(tq, tk, causal, block_q, monkeypatch):
+    # T = 1, T not a multiple of the block, Tq < Tk (KV-cache decoding), Tq > Tk without causal
+    monkeypatch.setattr(attention, "BLOCK_Q", block_q)
+    rng = np.random.default_rng(tq * 100 + tk)
+    q, go = rng.standard_normal((2, 2, tq, 8)), rng.standard_normal((2, 2, tq, 8))
+    k, v = rng.standard_normal((2, 2, tk, 8)), rng.standard_normal((2, 2, tk, 8))
+    o, lse = attention.attention_forward_numpy(q, k, v, causal)
+    o2, lse2 = attention.attention_forward_numba(q, k, v, causal)
+    assert_close(o2, o, np.float64)
+    assert_close(lse2, lse, np.float64)
+    want = attention.attention_backward_numpy(q, k, v, o, lse, go, causal)
+    got = attention.attention_backward_numba(q, k, v, o, lse, go, causal)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# serial and parallel builds: both agree with the reference, and the threshold picks between them
+# ---------------------------------------------------------------------------------------------
+
+
+def _all_kernel_calls(rng, dt):
+    """(name, args) for every public kernel, on inputs big enough to split across threads."""
+    x = rng.standard_normal((37, 50)).astype(dt)
+    x[3, ::4] = -np.inf
+    gy = rng.standard_normal(x.shape).astype(dt)
+    w, b = rng.standard_normal(50).astype(dt), rng.standard_normal(50).astype(dt)
+    finite = x[4:]  # LayerNorm of a row with -inf is NaN: not what this test is about
+    _, mean, rstd = layernorm.layer_norm_forward_numpy(finite, w, b, 1e-5)
+    targets = rng.integers(0, 50, 37)
+    targets[::5] = -100
+    q, k, v, go = (rng.standard_normal((2, 3, 21, 8)).astype(dt) for _ in range(4))
+    o, lse = attention.attention_forward_numpy(q, k, v, True)
+    return [
+        ("softmax_forward", (x,)),
+        ("softmax_backward", (softmax.softmax_forward_numpy(x), gy)),
+        ("log_softmax_forward", (x,)),
+        ("log_softmax_backward", (softmax.log_softmax_forward_numpy(x), gy)),
+        ("logsumexp_forward", (x,)),
+        ("cross_entropy_forward", (x[:, 1:], targets - (targets > 0), -100, True)),
+        ("layer_norm_forward", (finite, w, b, 1e-5)),
+        ("layer_norm_backward", (gy[4:], finite, w, mean, rstd)),
+        ("embedding_backward", (targets.clip(0) % 7, gy, 7)),
+        ("attention_forward", (q, k, v, True)),
+        ("attention_backward", (q, k, v, o, lse, go, True)),
+    ]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("build", ["serial", "parallel"])
+def test_serial_and_parallel_builds_match_reference(build, dt, monkeypatch):
+    monkeypatch.setattr(_common, "PARALLEL_MIN_WORK", 2**62 if build == "serial" else 0)
+    for name, args in _all_kernel_calls(np.random.default_rng(7), dt):
+        want = kernels.get_kernel(name, "numpy")(*args)
+        got = kernels.get_kernel(name, "numba")(*args)
+        want, got = (r if isinstance(r, tuple) else (r,) for r in (want, got))
+        for g, w in zip(got, want, strict=True):
+            if isinstance(w, float):  # the cross-entropy loss
+                assert g == pytest.approx(w, rel=1e-5 if dt == np.float32 else 1e-12), name
+            else:
+                np.testing.assert_allclose(
+                    g,
+                    w,
+                    rtol=1e-4 if dt == np.float32 else 1e-10,
+                    atol=1e-5 if dt == np.float32 else 1e-12,
+                    err_msg=name,
+                )
+
+
+def test_work_threshold_picks_the_build(monkeypatch):
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs at least 2 Numba threads")
+
+    def thread_ids(out):
+        for i in numba.prange(out.size):
+            out[i] = numba.get_thread_id()
+
+    kernel = _common.Kernel(thread_ids)
+    out = np.empty(1000, np.int64)
+    monkeypatch.setattr(_common, "PARALLEL_MIN_WORK", 1001)
+    kernel(out.size, out)
+    assert not out.any()  # serial build: everything on the calling thread
+    monkeypatch.setattr(_common, "PARALLEL_MIN_WORK", 1000)
+    kernel(out.size, out)
+    assert len(set(out.tolist())) > 1  # parallel build: prange shared among threads
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ FASTMATH = {"reassoc"}
 # handing a small job to Numba's thread pool costs ~20-50 us on a quiet machine and several ms when
 # other processes keep both cores busy, far more than the job itself. Measured in docs/kernels.md
 # ("Serial or parallel"); tests lower or raise it to force one build.
-PARALLEL_MIN_WORK = 1 << 17
+PARALLEL_MIN_WORK = 1 << 18
 
 
 class Kernel:

@@ -6,11 +6,10 @@ so an id that appears several times receives the SUM of its rows, and unused row
 Both paths add the rows of one id in their original order, so the result is deterministic.
 """
 
-import numba
 import numpy as np
 from numba import prange
 
-from ._common import FASTMATH, float_array, int_array
+from ._common import Kernel, float_array, int_array
 
 
 def _check(idx, gy, num_embeddings):
@@ -38,7 +37,7 @@ def embedding_backward_numpy(idx, gy, num_embeddings):
     return gweight
 
 
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
+@Kernel
 def _scatter_add_segments(order, starts, ids, rows, gweight):
     """Segment s holds positions order[starts[s]:starts[s + 1]], all with id ids[s].
 
@@ -69,5 +68,5 @@ def embedding_backward_numba(idx, gy, num_embeddings):
     starts = np.flatnonzero(np.diff(sorted_ids, prepend=-1))  # first position of each id
     ids = sorted_ids[starts]
     starts = np.append(starts, flat.size)
-    _scatter_add_segments(order, starts, ids, rows, gweight)
+    _scatter_add_segments(rows.size, order, starts, ids, rows, gweight)
     return gweight

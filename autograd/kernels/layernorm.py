@@ -14,11 +14,10 @@ mean of a row near 1e4 would be off by about 1e-3, which is a whole standard dev
 spread is that small. y, gx, gweight, gbias have the dtype of x.
 """
 
-import numba
 import numpy as np
 from numba import prange
 
-from ._common import FASTMATH, float_array, last_axis
+from ._common import Kernel, float_array, last_axis
 
 # Rows are split into this many fixed chunks for the weight/bias gradient sums: each chunk sums
 # its rows into its own partial row, and the partials are added afterwards in chunk order. The
@@ -100,7 +99,7 @@ def layer_norm_backward_numpy(gy, x, weight, mean, rstd):
 # ---------------------------------------------------------------------------------------------
 
 
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
+@Kernel
 def _layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
     n = x.shape[1]
     for r in prange(x.shape[0]):
@@ -120,7 +119,7 @@ def _layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
         rstd[r] = rs
 
 
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
+@Kernel
 def _layer_norm_backward_chunks(gy, x, weight, mean, rstd, gx, gweight_part, gbias_part):
     rows, n = x.shape
     chunks = gweight_part.shape[0]
@@ -150,7 +149,7 @@ def layer_norm_forward_numba(x, weight, bias, eps):
     y = np.empty_like(x)
     mean = np.empty(rows.shape[0], np.float64)
     rstd = np.empty(rows.shape[0], np.float64)
-    _layer_norm_rows(rows, weight, bias, float(eps), y.reshape(rows.shape), mean, rstd)
+    _layer_norm_rows(x.size, rows, weight, bias, float(eps), y.reshape(rows.shape), mean, rstd)
     return y, mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
 
 
@@ -163,6 +162,7 @@ def layer_norm_backward_numba(gy, x, weight, mean, rstd):
     gweight_part = np.zeros((chunks, rows.shape[1]), np.float64)
     gbias_part = np.zeros((chunks, rows.shape[1]), np.float64)
     _layer_norm_backward_chunks(
+        x.size,
         gy.reshape(rows.shape),
         rows,
         weight,

@@ -19,7 +19,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from ._common import FASTMATH, float_array, int_array, last_axis, same_shape
+from ._common import FASTMATH, Kernel, float_array, int_array, last_axis, same_shape
+from ._exp import exp
 
 # ---------------------------------------------------------------------------------------------
 # numpy reference
@@ -140,7 +141,7 @@ def _max(row):
     return m
 
 
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
+@Kernel
 def _softmax_rows(x, y):
     for r in prange(x.shape[0]):
         row, out = x[r], y[r]
@@ -150,7 +151,7 @@ def _softmax_rows(x, y):
             continue
         s = 0.0
         for j in range(row.size):
-            e = np.exp(row[j] - m)
+            e = exp(row[j] - m)
             out[j] = e
             s += e
         inv = 1.0 / s
@@ -158,7 +159,7 @@ def _softmax_rows(x, y):
             out[j] = out[j] * inv
 
 
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
+@Kernel
 def _softmax_backward_rows(y, gy, gx):
     for r in prange(y.shape[0]):
         dot = 0.0
@@ -168,7 +169,7 @@ def _softmax_backward_rows(y, gy, gx):
             gx[r, j] = y[r, j] * (gy[r, j] - dot)
 
 
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
+@Kernel
 def _logsumexp_rows(x, lse, y, want_y):
     """lse[r] = logsumexp(x[r]); if want_y also y[r] = log_softmax(x[r])."""
     for r in prange(x.shape[0]):
@@ -181,7 +182,7 @@ def _logsumexp_rows(x, lse, y, want_y):
             continue
         s = 0.0
         for j in range(row.size):
-            s += np.exp(row[j] - m)
+            s += exp(row[j] - m)
         log_s = np.log(s)
         lse[r] = m + log_s
         if want_y:
@@ -189,17 +190,17 @@ def _logsumexp_rows(x, lse, y, want_y):
                 y[r, j] = (row[j] - m) - log_s
 
 
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
+@Kernel
 def _log_softmax_backward_rows(y, gy, gx):
     for r in prange(y.shape[0]):
         total = 0.0
         for j in range(y.shape[1]):
             total += gy[r, j]
         for j in range(y.shape[1]):
-            gx[r, j] = gy[r, j] - np.exp(y[r, j]) * total
+            gx[r, j] = gy[r, j] - exp(y[r, j]) * total
 
 
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
+@Kernel
 def _cross_entropy_rows(logits, targets, ignore_index, inv_n, need_grad, row_loss, dlogits):
     """One pass per row: max, then exp(x - m) (kept in dlogits), sum, loss, scaled gradient."""
     for r in prange(logits.shape[0]):
@@ -215,7 +216,7 @@ def _cross_entropy_rows(logits, targets, ignore_index, inv_n, need_grad, row_los
         if need_grad:
             d = dlogits[r]
             for j in range(row.size):
-                e = np.exp(row[j] - m)
+                e = exp(row[j] - m)
                 d[j] = e
                 s += e
             scale = inv_n / s  # d = softmax / n, with the division done once per row
@@ -224,7 +225,7 @@ def _cross_entropy_rows(logits, targets, ignore_index, inv_n, need_grad, row_los
             d[t] -= inv_n
         else:
             for j in range(row.size):
-                s += np.exp(row[j] - m)
+                s += exp(row[j] - m)
         row_loss[r] = (m - row[t]) + np.log(s)
 
 
@@ -234,7 +235,7 @@ def softmax_forward_numba(x):
     rows = last_axis(x, "softmax_forward")
     y = np.empty_like(x)
     if x.size:  # the kernels assume non-empty rows
-        _softmax_rows(rows, y.reshape(rows.shape))
+        _softmax_rows(x.size, rows, y.reshape(rows.shape))
     return y
 
 
@@ -244,7 +245,7 @@ def softmax_backward_numba(y, gy):
     gy = float_array(gy, "softmax_backward", "gy", dtype=y.dtype)
     same_shape(y, gy, "softmax_backward", ("y", "gy"))
     gx = np.empty_like(y)
-    _softmax_backward_rows(*(last_axis(a, "softmax_backward") for a in (y, gy, gx)))
+    _softmax_backward_rows(y.size, *(last_axis(a, "softmax_backward") for a in (y, gy, gx)))
     return gx
 
 
@@ -254,7 +255,7 @@ def logsumexp_forward_numba(x):
     rows = last_axis(x, "logsumexp_forward")
     lse = np.full(rows.shape[0], -np.inf, x.dtype)  # stays -inf for empty rows
     if x.size:
-        _logsumexp_rows(rows, lse, rows[:0], False)
+        _logsumexp_rows(x.size, rows, lse, rows[:0], False)
     return lse.reshape(x.shape[:-1])
 
 
@@ -264,7 +265,7 @@ def log_softmax_forward_numba(x):
     rows = last_axis(x, "log_softmax_forward")
     y = np.empty_like(x)
     if x.size:
-        _logsumexp_rows(rows, np.empty(rows.shape[0], x.dtype), y.reshape(rows.shape), True)
+        _logsumexp_rows(x.size, rows, np.empty(rows.shape[0], x.dtype), y.reshape(rows.shape), True)
     return y
 
 
@@ -274,7 +275,7 @@ def log_softmax_backward_numba(y, gy):
     gy = float_array(gy, "log_softmax_backward", "gy", dtype=y.dtype)
     same_shape(y, gy, "log_softmax_backward", ("y", "gy"))
     gx = np.empty_like(y)
-    _log_softmax_backward_rows(*(last_axis(a, "log_softmax_backward") for a in (y, gy, gx)))
+    _log_softmax_backward_rows(y.size, *(last_axis(a, "log_softmax_backward") for a in (y, gy, gx)))
     return gx
 
 
@@ -284,7 +285,9 @@ def cross_entropy_forward_numba(logits, targets, ignore_index=-100, need_grad=Tr
     row_loss = np.empty(logits.shape[0], np.float64)
     dlogits = np.empty_like(logits) if need_grad else logits[:0]
     inv_n = 1.0 / max(n_valid, 1)
-    _cross_entropy_rows(logits, targets, ignore_index, inv_n, need_grad, row_loss, dlogits)
+    _cross_entropy_rows(
+        logits.size, logits, targets, ignore_index, inv_n, need_grad, row_loss, dlogits
+    )
     # per-row losses summed afterwards, in a fixed order: the result does not depend on threads
     loss = float(np.sum(row_loss)) / n_valid if n_valid else 0.0
     return loss, (dlogits if need_grad else None)
