@@ -51,7 +51,8 @@ def tiny_settings(data_file, out, **overrides):
 
 
 def test_short_run_loss_falls(data_file, tmp_path):
-    history = train.train(tiny_settings(data_file, tmp_path / "run", steps=40), quiet=True)
+    settings = tiny_settings(data_file, tmp_path / "run", steps=40, eval_every=20)
+    history = train.train(settings, quiet=True)
     losses = history["loss"]
     assert len(losses) == 40
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0
@@ -60,10 +61,10 @@ def test_short_run_loss_falls(data_file, tmp_path):
 
 
 def test_same_seed_gives_bit_identical_losses(data_file, tmp_path):
-    a = train.train(tiny_settings(data_file, tmp_path / "a"), quiet=True)
-    b = train.train(tiny_settings(data_file, tmp_path / "b"), quiet=True)
+    a = train.train(tiny_settings(data_file, tmp_path / "a", eval_every=12), quiet=True)
+    b = train.train(tiny_settings(data_file, tmp_path / "b", eval_every=12), quiet=True)
     assert a["loss"] == b["loss"]
-    c = train.train(tiny_settings(data_file, tmp_path / "c", seed=7), quiet=True)
+    c = train.train(tiny_settings(data_file, tmp_path / "c", eval_every=12, seed=7), quiet=True)
     assert c["loss"] != a["loss"]
 
 
