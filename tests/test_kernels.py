@@ -368,6 +368,23 @@ def test_work_threshold_picks_the_build(monkeypatch):
     assert len(set(out.tolist())) > 1  # parallel build: prange shared among threads
 
 
+def test_start_threads_leaves_the_environment_as_it_was():
+    code = """
+        import json, os
+        import numba
+        import autograd.kernels as K
+        K.start_threads()
+        K.start_threads()  # once per process
+        print(json.dumps([os.environ.get("OMP_WAIT_POLICY"), numba.threading_layer()]))
+    """
+    out = run_python(code, OMP_WAIT_POLICY=None)
+    assert out.returncode == 0, out.stderr
+    policy, layer = json.loads(out.stdout)
+    assert policy is None and layer in ("omp", "tbb", "workqueue")
+    out = run_python(code, OMP_WAIT_POLICY="ACTIVE")  # a user's choice is kept
+    assert json.loads(out.stdout)[0] == "ACTIVE", out.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # central differences in float64: each backward (both backends) against its own forward
 # ---------------------------------------------------------------------------------------------

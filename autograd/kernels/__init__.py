@@ -30,6 +30,14 @@ imports Numba) is imported on the first call that needs it, and each Numba kerne
 its first call with a given dtype (``cache=True``: later processes load the compiled code from
 ``__pycache__``).
 
+Threads
+-------
+Each Numba kernel is compiled twice: a serial build for small inputs and a parallel one (``prange``
+over Numba's threads) above ``_common.PARALLEL_MIN_WORK`` inner-loop iterations. The first parallel
+call starts the threads with OpenMP's passive wait policy (``start_threads``; spinning workers
+slowed small parallel kernels ~40x on a busy machine). Call ``start_threads()`` yourself before
+``numba.set_num_threads`` or any other parallel Numba code if those run first.
+
 Conventions: inputs are numpy arrays (copied to C-contiguous float32/float64 if needed; companion
 arrays are cast to the dtype of the first one), outputs are new arrays of that dtype, inputs are
 never modified, and bad shapes raise ``ValueError`` naming the kernel and the shapes.
@@ -38,6 +46,8 @@ never modified, and bad shapes raise ``ValueError`` naming the kernel and the sh
 import importlib
 import os
 from contextlib import contextmanager
+
+from ._common import start_threads  # numpy-only module: importing it does not import Numba
 
 BACKENDS = ("numba", "numpy")
 
@@ -154,4 +164,12 @@ def attention_backward(q, k, v, o, lse, go, causal=True):
     return get_kernel("attention_backward")(q, k, v, o, lse, go, causal)
 
 
-__all__ = ["BACKENDS", "get_backend", "set_backend", "use_backend", "get_kernel", *_TOPIC]
+__all__ = [
+    "BACKENDS",
+    "get_backend",
+    "set_backend",
+    "use_backend",
+    "get_kernel",
+    "start_threads",
+    *_TOPIC,
+]

@@ -3,6 +3,8 @@
 Importing this module never imports Numba; building the first `Kernel` does.
 """
 
+import functools
+import os
 import types
 
 import numpy as np
@@ -46,11 +48,11 @@ def same_shape(a, b, kernel, names):
 FASTMATH = {"reassoc"}
 
 
-# Below this many inner-loop iterations a kernel runs its serial build on the calling thread:
-# handing a small job to Numba's thread pool costs ~20-50 us on a quiet machine and several ms when
-# other processes keep both cores busy, far more than the job itself. Measured in docs/kernels.md
-# ("Serial or parallel"); tests lower or raise it to force one build.
-PARALLEL_MIN_WORK = 1 << 18
+# Below this many inner-loop iterations (~50 us of work) a kernel runs its serial build on the
+# calling thread: handing a job to Numba's thread pool costs ~10-20 us even with sleeping workers
+# (see start_threads), more than a small job gains. Measured in docs/kernels.md ("Serial or
+# parallel"); tests lower or raise it to force one build.
+PARALLEL_MIN_WORK = 1 << 16
 
 
 class Kernel:
@@ -77,4 +79,35 @@ class Kernel:
         self.serial = numba.njit(parallel=False, cache=True, fastmath=FASTMATH)(serial)
 
     def __call__(self, work, *args):
-        return (self.parallel if work >= PARALLEL_MIN_WORK else self.serial)(*args)
+        if work < PARALLEL_MIN_WORK:
+            return self.serial(*args)
+        start_threads()
+        return self.parallel(*args)
+
+
+@functools.cache
+def start_threads() -> None:
+    """Start Numba's worker threads, with OpenMP's passive wait policy unless the user set one.
+
+    The first parallel kernel call does this; call it yourself (autograd.kernels.start_threads)
+    before anything else starts Numba's threads, e.g. numba.set_num_threads(n), which launches
+    them with libgomp's default (spinning) policy.
+
+    Numba's default "omp" threading layer loads libgomp, whose workers by default spin after each
+    parallel loop, waiting for the next. When other processes keep the cores busy, that spinning
+    competes with the threads doing the work: a (1024, 384) LayerNorm forward took 8.0 ms instead
+    of 0.22 ms (2 threads, load average 3.5). Passive workers sleep at once. libgomp reads the
+    variable once, when it is loaded, which numba.get_num_threads() does here; the variable is
+    removed again afterwards, so OpenMP runtimes loaded later (PyTorch's own copy) keep their
+    defaults. Without effect if libgomp was already loaded, or with another threading layer.
+    """
+    import numba  # here, not at the top: see the module docstring
+
+    if "OMP_WAIT_POLICY" in os.environ:
+        numba.get_num_threads()
+        return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        numba.get_num_threads()  # launches the threading layer
+    finally:
+        del os.environ["OMP_WAIT_POLICY"]
