@@ -277,10 +277,19 @@ def test_attention_causal_alignment_and_errors(backend):
 @pytest.mark.parametrize("block_q", [64, 4])
 @pytest.mark.parametrize(
     "tq, tk, causal",
-    [(1, 1, True), (1, 9, True), (1, 9, False), (13, 13, True), (13, 20, True), (12, 5, False)],
+    [
+        (1, 1, True),
+        (1, 9, True),
+        (1, 9, False),
+        (13, 13, True),
+        (13, 20, True),
+        (12, 5, False),
+        (0, 3, True),
+    ],
 )
 def test_attention_block_edges(tq, tk, causal, block_q, monkeypatch):
-    # T = 1, T not a multiple of the block, Tq < Tk (KV-cache decoding), Tq > Tk without causal
+    # T = 1, T not a multiple of the block, Tq < Tk (KV-cache decoding), Tq > Tk without causal,
+    # no query at all
     monkeypatch.setattr(attention, "BLOCK_Q", block_q)
     rng = np.random.default_rng(tq * 100 + tk)
     q, go = rng.standard_normal((2, 2, tq, 8)), rng.standard_normal((2, 2, tq, 8))

@@ -169,6 +169,16 @@ def _ds_backward(s, dp, lse, di, scale, causal, first, i0):
         drow[end:] = 0
 
 
+@Kernel
+def _row_dots(a, b, out):
+    """out[r] = sum_c a[r, c] * b[r, c], summed in float64, stored in out's dtype."""
+    for r in prange(a.shape[0]):
+        total = 0.0
+        for c in range(a.shape[1]):
+            total += a[r, c] * b[r, c]
+        out[r] = total
+
+
 def _scale(q):
     """1 / sqrt(D) as a scalar of q's dtype, so that float32 kernels compute in float32."""
     return q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
@@ -176,7 +186,7 @@ def _scale(q):
 
 def _heads(a):
     """(B, H, T, D) -> (B * H, T, D) view."""
-    return a.reshape(-1, *a.shape[2:])
+    return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])  # not -1: T may be 0
 
 
 def _query_blocks(tq, tk, causal):
@@ -218,7 +228,9 @@ def attention_backward_numba(q, k, v, o, lse, go, causal=True):
     lse = _check_grad(kernel, "lse", lse, q[..., 0])
     (n_heads, tq, d_head), tk = _heads(q).shape, k.shape[2]
     qh, kh, vh, goh = _heads(q), _heads(k), _heads(v), _heads(go)
-    di = np.sum(go * o, axis=-1, dtype=np.float64).astype(q.dtype)  # Di = rowsum(go * o)
+    di = np.empty((n_heads, tq), q.dtype)  # Di = rowsum(go * o)
+    rows_shape = (n_heads * tq, d_head)
+    _row_dots(go.size, go.reshape(rows_shape), o.reshape(rows_shape), di.reshape(-1))
     gq, gk, gv = np.empty_like(q), np.zeros_like(k), np.zeros_like(v)
     gqh, gkh, gvh = _heads(gq), _heads(gk), _heads(gv)
     scale = _scale(q)
@@ -231,10 +243,7 @@ def attention_backward_numba(q, k, v, o, lse, go, causal=True):
         part = _scratch(part_buffer, n_heads, width, d_head)
         np.matmul(qh[:, i0:i1], kh[:, :width].swapaxes(1, 2), out=s)
         np.matmul(goh[:, i0:i1], vh[:, :width].swapaxes(1, 2), out=dp)
-        _ds_backward(
-            s.size, s, dp, lse.reshape(n_heads, tq), di.reshape(n_heads, tq), scale, causal,
-            i0 + tk - tq, i0,
-        )  # fmt: skip
+        _ds_backward(s.size, s, dp, lse.reshape(n_heads, tq), di, scale, causal, i0 + tk - tq, i0)
         np.matmul(dp, kh[:, :width], out=gqh[:, i0:i1])  # gq rows of this block: dS k
         np.matmul(s.swapaxes(1, 2), goh[:, i0:i1], out=part)  # gv += P^T go
         gvh[:, :width] += part
