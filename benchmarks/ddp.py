@@ -4,12 +4,12 @@
     python -m benchmarks.ddp --config mid --reps 3 --ranks 1 2 4 --json ddp.json
 
 Each measurement is one `mpiexec -n N python -m benchmarks.ddp --worker ...` job: every rank runs
-full data-parallel training steps (models.ddp.ddp_step: forward, backward, one Allreduce,
-clipping, AdamW) on its share of the same global batch, with 1 BLAS and 1 Numba thread, so N ranks
-use N cores. After untimed warm-up steps (Numba cache loading, first-touch allocations) the ranks
-meet at a barrier and rank 0 times the next steps to the closing barrier. Jobs alternate between
-the rank counts (1, 2, 1, 2, ...) so that load from other processes on a shared machine hits all
-alike; the figures are medians over the repetitions.
+full data-parallel training steps (models.train.train_step with models.ddp.DataParallel: forward,
+backward, one Allreduce, clipping, AdamW) on its share of the same global batch, with 1 BLAS and 1
+Numba thread, so N ranks use N cores. After untimed warm-up steps (Numba cache loading, first-touch
+allocations) the ranks meet at a barrier and rank 0 times the next steps to the closing barrier.
+Jobs alternate between the rank counts (1, 2, 1, 2, ...) so that load from other processes on a
+shared machine hits all alike; the figures are medians over the repetitions.
 
 scaling efficiency = tokens/s with N ranks / (N * tokens/s with 1 rank): 1.0 is perfect scaling.
 
@@ -51,31 +51,29 @@ def _worker(config: BenchConfig, steps: int, warmup: int) -> None:
     import nn
     from models import ddp
     from models.gpt import GPT
+    from models.train import train_step
 
     comm = ddp._mpi().COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
     with ddp.abort_on_error(comm):
-        if config.batch_size % world:
-            raise ValueError(
-                f"benchmarks.ddp: batch size {config.batch_size} is not divisible by {world} ranks"
-            )
         model = GPT(config.gpt_config(), rng=np.random.default_rng(0))
         for p in model.parameters():  # benchmark float32 whatever the default dtype
             p.data = p.data.astype(np.float32)
         optimizer = nn.optim.AdamW(model.parameters(), lr=1e-4)
-        reducer = ddp.GradientAllreduce(comm, list(model.parameters()))
-        ddp.check_replicas(comm, ddp.fingerprint(model, optimizer, {}))
+        replicas = ddp.DataParallel(comm)
+        replicas.start(model, optimizer, {"batch_size": config.batch_size, "dropout": 0.0}, 0)
+        reducer = replicas.reducer
         data = np.random.default_rng(0).integers(
             0, config.vocab_size, size=(config.batch_size, config.block_size + 1)
         )
         x, y = data[rank::world, :-1], data[rank::world, 1:]
 
         for _ in range(warmup):
-            ddp.ddp_step(model, optimizer, reducer, x, y, 1e-4, 1.0)
+            train_step(model, optimizer, x, y, 1e-4, 1.0, replicas=replicas)
         comm.Barrier()
         began = time.perf_counter()
         for _ in range(steps):
-            ddp.ddp_step(model, optimizer, reducer, x, y, 1e-4, 1.0)
+            train_step(model, optimizer, x, y, 1e-4, 1.0, replicas=replicas)
         comm.Barrier()
         seconds = time.perf_counter() - began
         # The Allreduce alone (pack, sum, unpack), for the cost model in docs/ddp.md.

@@ -20,7 +20,8 @@ An exception on any rank prints that rank's error and calls MPI Abort, which sto
 instead of leaving the other ranks waiting forever in the next Allreduce.
 
 Test hook: the environment variable GLASSGRAD_DDP_FAIL="RANK:STEP" makes rank RANK raise an error
-just before step STEP (counted from 0); tests use it to check that a failing rank stops the job.
+in step STEP (counted from 0), before its Allreduce; tests use it to check that a failing rank
+stops the job.
 """
 
 from __future__ import annotations
@@ -28,12 +29,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import shutil
 import sys
-import threading
-import time
 import traceback
 import zlib
 from collections.abc import Iterator, Sequence
@@ -43,10 +41,8 @@ from typing import Any
 import numpy as np
 
 import nn
-from autograd import get_default_dtype, set_default_dtype
 from models import train
-from models.data import eval_batches, get_batch, prepare_corpus, unigram_baseline
-from models.gpt import GPT, GPTConfig
+from models.gpt import GPT
 
 FAIL_ENV = "GLASSGRAD_DDP_FAIL"
 
@@ -218,171 +214,56 @@ def _injected_failure() -> tuple[int, int] | None:
 # --- the run -------------------------------------------------------------------------------------
 
 
-def ddp_step(
-    model: GPT,
-    optimizer: nn.optim.Optimizer,
-    reducer: GradientAllreduce,
-    x: np.ndarray,
-    y: np.ndarray,
-    lr: float,
-    grad_clip: float,
-    stop: bool = False,
-) -> tuple[float, float, bool]:
-    """models.train.train_step with the gradients averaged over the ranks.
+class DataParallel(train.Replicas):
+    """This process as one rank of `comm` in models.train's loop (see train.Replicas).
 
-    x, y: this rank's rows of the global batch. Returns (global loss, gradient norm, whether any
-    rank asked to stop). The global loss is the mean of the ranks' mean losses: that equals the
-    mean over the global batch because every shard has the same number of rows and training
-    targets are never ignore_index, so every shard counts the same number of targets.
+    start: checks that the global batch splits evenly, builds the one-buffer Allreduce and checks
+    that every rank holds the same replica. reduce: averages the gradients, the loss and the stop
+    request over the ranks (one Allreduce), so every rank then takes the same optimizer step.
     """
-    optimizer.zero_grad()
-    _, loss = model(x, y)
-    loss.backward()
-    global_loss, stop_all = reducer(loss.item(), stop)
-    # The gradients are now identical on every rank, so are the norm, the clipping and the step.
-    norm = nn.clip_grad_norm_(reducer.params, grad_clip)
-    if not math.isfinite(norm):
-        raise FloatingPointError(
-            f"train: the gradient norm is {norm} (loss {global_loss}); the run diverged, try a "
-            "lower --lr"
-        )
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.step()
-    return global_loss, norm, stop_all
 
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
+        self.reducer: GradientAllreduce | None = None
+        self.step = 0
+        self.failure = _injected_failure()
 
-def train_ddp(
-    settings: dict[str, Any],
-    comm: Any,
-    resume: bool = False,
-    quiet: bool = False,
-    stop: threading.Event | None = None,
-) -> dict[str, Any]:
-    """Run (or continue) training on this rank of `comm`; the history dict of models.train.train
-    (global losses), on every rank. Only rank 0 logs, evaluates, saves, plots and samples."""
-    previous_dtype = get_default_dtype()
-    set_default_dtype(np.dtype(settings["dtype"]))
-    try:
-        return _train_ddp(settings, comm, resume, quiet, stop or threading.Event())
-    finally:
-        set_default_dtype(previous_dtype)
-
-
-def _setup(
-    s: dict[str, Any], resume: bool
-) -> tuple[GPT, nn.optim.Optimizer, Any, Any, int, dict[str, Any]]:
-    """Model, optimizer, tokenizer, corpus, first step and history, as models.train builds them."""
-    if resume:
-        model, optimizer, tokenizer, state = train.load_run(Path(s["out"]))
-        corpus = prepare_corpus(s["data"], tokenizer=tokenizer)
-        return model, optimizer, tokenizer, corpus, state["step"], state["history"]
-    corpus = prepare_corpus(s["data"])
-    config = GPTConfig(
-        vocab_size=corpus.tokenizer.vocab_size,
-        block_size=s["block_size"],
-        n_layer=s["n_layer"],
-        n_head=s["n_head"],
-        n_embd=s["n_embd"],
-        dropout=s["dropout"],
-    )
-    model = GPT(config, rng=np.random.default_rng(s["seed"]))
-    optimizer = nn.optim.AdamW(
-        train.param_groups(model, s["weight_decay"]), lr=s["lr"], betas=(0.9, 0.99)
-    )
-    history: dict[str, Any] = {
-        k: [] for k in ("step", "loss", "lr", "eval_step", "eval_train", "eval_val")
-    }
-    return model, optimizer, corpus.tokenizer, corpus, 0, history
-
-
-def _train_ddp(
-    s: dict[str, Any], comm: Any, resume: bool, quiet: bool, stop: threading.Event
-) -> dict[str, Any]:
-    from tqdm import tqdm
-
-    rank, world = comm.Get_rank(), comm.Get_size()
-    is_main = rank == 0
-    quiet = quiet or not is_main
-    if s["batch_size"] % world:
-        raise SystemExit(
-            f"train --ddp: --batch-size {s['batch_size']} must be divisible by the number of "
-            f"ranks {world} (each rank takes an equal share of the global batch)"
-        )
-    if s["dropout"] > 0:
-        # Every rank would draw the same dropout masks (same seed), and only rank 0's mask stream
-        # is saved for --resume; rather than train on correlated masks, refuse.
-        raise SystemExit(
-            f"train --ddp: --dropout {s['dropout']} is not supported with --ddp (the ranks would "
-            "share one dropout mask stream); use --dropout 0"
-        )
-    failure = _injected_failure()
-    out = Path(s["out"])
-    model, optimizer, tokenizer, corpus, start, history = _setup(s, resume)
-    reducer = GradientAllreduce(comm, [p for g in optimizer.param_groups for p in g["params"]])
-    check_replicas(comm, fingerprint(model, optimizer, s))
-
-    if is_main:
-        baseline = unigram_baseline(corpus.train, corpus.val, tokenizer.vocab_size)
-        history["baseline"] = baseline
-        evals = {
-            name: eval_batches(ids, s["batch_size"], s["block_size"], s["eval_batches"], s["seed"])
-            for name, ids in (("train", corpus.train), ("val", corpus.val))
-        }
-        train._log(
-            quiet,
-            f"GPT with {model.num_parameters():,} parameters, {s['dtype']}, data-parallel over "
-            f"{world} MPI ranks ({s['batch_size'] // world} of {s['batch_size']} sequences each; "
-            f"one {reducer.nbytes / 1e6:.2f} MB Allreduce per step); data: {corpus.source}; "
-            f"unigram baseline {baseline:.3f} nats/token",
-        )
-    model.train()
-    steps, tokens_per_step = s["steps"], s["batch_size"] * s["block_size"]
-    bar = tqdm(total=steps, initial=start, disable=quiet, unit="step", dynamic_ncols=True)
-    began, step = time.perf_counter(), start
-    interrupted = False
-    try:
-        while step < steps:
-            if failure is not None and failure == (rank, step):
-                raise RuntimeError(f"injected failure on rank {rank} at step {step} ({FAIL_ENV})")
-            lr = nn.optim.cosine_with_warmup(step, s["lr"], s["warmup"], steps, s["min_lr"])
-            x, y = get_batch(
-                corpus.train, s["batch_size"], s["block_size"], s["seed"], step, rank, world
+    def start(
+        self, model: GPT, optimizer: nn.optim.Optimizer, settings: dict[str, Any], step: int
+    ) -> str:
+        batch, world = settings["batch_size"], self.world_size
+        if batch % world:
+            raise SystemExit(
+                f"train --ddp: --batch-size {batch} must be divisible by the number of ranks "
+                f"{world} (each rank takes an equal share of the global batch)"
             )
-            loss, _, interrupted = ddp_step(
-                model, optimizer, reducer, x, y, lr, s["grad_clip"], stop.is_set()
+        if settings["dropout"] > 0:
+            # Every rank would draw the same dropout masks (same seed), and only rank 0's mask
+            # stream is saved for --resume; rather than train on correlated masks, refuse.
+            raise SystemExit(
+                f"train --ddp: --dropout {settings['dropout']} is not supported with --ddp (the "
+                "ranks would share one dropout mask stream); use --dropout 0"
             )
-            history["step"].append(step)
-            history["loss"].append(loss)
-            history["lr"].append(lr)
-            step += 1
-            rate = (step - start) * tokens_per_step / (time.perf_counter() - began)
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
-            bar.update(1)
-            if interrupted:  # all ranks learn of a stop request in the same step
-                break
-            if is_main and (step % s["eval_every"] == 0 or step == steps):
-                train._evaluate(model, evals, step, history, quiet)
-                train.save_run(out, model, optimizer, tokenizer, step, s, history)
-                train.plot_losses(out / "loss.png", history, baseline)
-    finally:
-        bar.close()
-    seconds = time.perf_counter() - began
-    if interrupted and is_main:
-        train.save_run(out, model, optimizer, tokenizer, step, s, history)
-        train.plot_losses(out / "loss.png", history, baseline)
-        print(f"interrupted at step {step}: checkpoint saved in {out}; continue with --resume")
-    history.update(
-        interrupted=interrupted,
-        seconds=seconds,
-        tokens_per_s=(step - start) * tokens_per_step / max(seconds, 1e-9),
-        world_size=world,
-    )
-    if is_main and not interrupted and s["sample_tokens"] > 0:
-        history["sample"] = train.sample_text(
-            model, tokenizer, s["sample_prompt"], s["sample_tokens"], s["seed"]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.reducer = GradientAllreduce(self.comm, params)
+        check_replicas(self.comm, fingerprint(model, optimizer, settings))
+        self.step = step
+        return (
+            f", data-parallel over {world} MPI ranks ({batch // world} of {batch} sequences "
+            f"each; one {self.reducer.nbytes / 1e6:.2f} MB Allreduce per step)"
         )
-    return history
+
+    def reduce(self, loss: float, stop: bool) -> tuple[float, bool]:
+        """The global loss is the mean of the ranks' mean losses: that equals the mean over the
+        global batch because every shard has the same number of rows and training targets are
+        never ignore_index, so every shard counts the same number of targets."""
+        if self.failure == (self.rank, self.step):
+            raise RuntimeError(
+                f"injected failure on rank {self.rank} at step {self.step} ({FAIL_ENV})"
+            )
+        self.step += 1
+        return self.reducer(loss, stop)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -391,7 +272,9 @@ def main(args: argparse.Namespace) -> int:
     with abort_on_error(comm):
         settings = train.resolve_settings(args)
         with train.stop_on_interrupt() as stop:
-            history = train_ddp(settings, comm, resume=args.resume, quiet=args.quiet, stop=stop)
+            history = train.train(
+                settings, args.resume, args.quiet, stop=stop, replicas=DataParallel(comm)
+            )
     if history["interrupted"]:
         return 130
     if comm.Get_rank() == 0:

@@ -158,6 +158,35 @@ def param_groups(model: GPT, weight_decay: float) -> list[dict[str, Any]]:
 GradHook = Callable[[list[nn.Parameter]], None]
 
 
+class Replicas:
+    """The processes a run trains on: one, or the MPI ranks of models.ddp.DataParallel.
+
+    The training loop asks it which rows of each global batch this process takes (rank, world
+    size), lets it make the gradients, the loss and a stop request agree across processes after
+    backward (reduce), and leaves logging, evaluation and checkpoints to the main process.
+    """
+
+    rank = 0
+    world_size = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def start(
+        self, model: GPT, optimizer: nn.optim.Optimizer, settings: dict[str, Any], step: int
+    ) -> str:
+        """Called once before the first step; returns a note for the run's opening line."""
+        return ""
+
+    def reduce(self, loss: float, stop: bool) -> tuple[float, bool]:
+        """After backward: average the gradients over the processes; (loss, stop) for all."""
+        return loss, stop
+
+
+SINGLE_PROCESS = Replicas()
+
+
 def train_step(
     model: GPT,
     optimizer: nn.optim.Optimizer,
@@ -166,11 +195,14 @@ def train_step(
     lr: float,
     grad_clip: float,
     after_backward: GradHook | None = None,
-) -> tuple[float, float]:
-    """Forward, backward, (after_backward), clip, update. Returns (loss, gradient norm).
+    replicas: Replicas = SINGLE_PROCESS,
+    stop: threading.Event | None = None,
+) -> tuple[float, float, bool]:
+    """Forward, backward, (after_backward), reduce over replicas, clip, update.
 
-    after_backward(params) runs between backward and the update: the place where data-parallel
-    training averages the gradients of all ranks (each rank took its rows of the global batch).
+    Returns (loss, gradient norm, whether to stop after this step). x, y are this process's rows
+    of the global batch; after reduce every process holds the same averaged gradients, so the
+    norm, the clipping and the update are identical everywhere.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad()
@@ -178,16 +210,17 @@ def train_step(
     loss.backward()
     if after_backward is not None:
         after_backward(params)
+    loss_value, stop_now = replicas.reduce(loss.item(), stop is not None and stop.is_set())
     norm = nn.clip_grad_norm_(params, grad_clip)
     if not math.isfinite(norm):
         raise FloatingPointError(
-            f"train: the gradient norm is {norm} (loss {loss.item()}); the run diverged, try a "
+            f"train: the gradient norm is {norm} (loss {loss_value}); the run diverged, try a "
             "lower --lr"
         )
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.step()
-    return loss.item(), norm
+    return loss_value, norm, stop_now
 
 
 def estimate_loss(model: GPT, batches: list[tuple[np.ndarray, np.ndarray]]) -> float:
@@ -227,20 +260,13 @@ def save_run(
     stamp = {"step": str(step)}
     model.save_pretrained(out, metadata=stamp)
     tokenizer.save(out / "tokenizer.json")
-    opt = optimizer.state_dict()
-    arrays, scalars = {}, {}
-    for index, entry in opt["state"].items():
-        for name, value in entry.items():
-            if isinstance(value, np.ndarray):
-                arrays[f"state.{index}.{name}"] = value
-            else:
-                scalars.setdefault(str(index), {})[name] = value
+    arrays, optimizer_rest = nn.split_optimizer_state(optimizer.state_dict())
     nn.save_safetensors(out / "optimizer.safetensors", arrays, metadata=stamp)
     state = {
         "format": STATE_FORMAT,
         "step": step,
         "settings": settings,
-        "optimizer": {"param_groups": opt["param_groups"], "scalars": scalars},
+        "optimizer": optimizer_rest,
         "dropout_rng": {k: g.bit_generator.state for k, g in _dropout_rngs(model).items()},
         "history": history,
     }
@@ -270,15 +296,7 @@ def load_run(out: Path) -> tuple[GPT, nn.optim.Optimizer, CharTokenizer, dict[st
             f"{model_meta.get('step')}, optimizer step {meta.get('step')}): a save was cut short"
         )
     optimizer = nn.optim.AdamW(param_groups(model, state["settings"]["weight_decay"]))
-    opt_state: dict[int, dict[str, Any]] = {}
-    for key, value in arrays.items():
-        _, index, name = key.split(".", 2)
-        opt_state.setdefault(int(index), {})[name] = value
-    for index, entry in state["optimizer"]["scalars"].items():
-        opt_state.setdefault(int(index), {}).update(entry)
-    optimizer.load_state_dict(
-        {"state": opt_state, "param_groups": state["optimizer"]["param_groups"]}
-    )
+    optimizer.load_state_dict(nn.join_optimizer_state(arrays, state["optimizer"]))
     rngs = _dropout_rngs(model)
     for name, saved in state["dropout_rng"].items():
         rngs[name].bit_generator.state = saved
@@ -344,16 +362,18 @@ def train(
     quiet: bool = False,
     after_backward: GradHook | None = None,
     stop: threading.Event | None = None,
+    replicas: Replicas = SINGLE_PROCESS,
 ) -> dict[str, Any]:
     """Run (or continue) training with resolved settings; returns the history dict.
 
     history: "step"/"loss"/"lr" per step, "eval_step"/"eval_train"/"eval_val" per evaluation,
-    "baseline" (unigram val loss), "interrupted", "tokens_per_s", "seconds", "sample".
+    "baseline" (unigram val loss), "interrupted", "tokens_per_s", "seconds", "world_size",
+    "sample". With replicas (models.ddp), only the main process logs, evaluates and saves.
     """
     previous_dtype = get_default_dtype()
     set_default_dtype(np.dtype(settings["dtype"]))
     try:
-        return _train(settings, resume, quiet, after_backward, stop or threading.Event())
+        return _train(settings, resume, quiet, after_backward, stop or threading.Event(), replicas)
     finally:
         set_default_dtype(previous_dtype)
 
@@ -365,50 +385,54 @@ def _log(quiet: bool, message: str) -> None:
         tqdm.write(message)
 
 
+def _setup(
+    s: dict[str, Any], resume: bool
+) -> tuple[GPT, nn.optim.Optimizer, CharTokenizer, Any, int, dict[str, Any]]:
+    """Model, optimizer, tokenizer, corpus, first step and history: new, or from --out."""
+    if resume:
+        model, optimizer, tokenizer, state = load_run(Path(s["out"]))
+        corpus = prepare_corpus(s["data"], tokenizer=tokenizer)
+        return model, optimizer, tokenizer, corpus, state["step"], state["history"]
+    corpus = prepare_corpus(s["data"])
+    config = GPTConfig(
+        vocab_size=corpus.tokenizer.vocab_size,
+        block_size=s["block_size"],
+        n_layer=s["n_layer"],
+        n_head=s["n_head"],
+        n_embd=s["n_embd"],
+        dropout=s["dropout"],
+    )
+    model = GPT(config, rng=np.random.default_rng(s["seed"]))
+    optimizer = nn.optim.AdamW(
+        param_groups(model, s["weight_decay"]), lr=s["lr"], betas=(0.9, 0.99)
+    )
+    history = {k: [] for k in ("step", "loss", "lr", "eval_step", "eval_train", "eval_val")}
+    return model, optimizer, corpus.tokenizer, corpus, 0, history
+
+
 def _train(
     s: dict[str, Any],
     resume: bool,
     quiet: bool,
     after_backward: GradHook | None,
     stop: threading.Event,
+    replicas: Replicas,
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
-    out = Path(s["out"])
-    if resume:
-        model, optimizer, tokenizer, state = load_run(out)
-        corpus = prepare_corpus(s["data"], tokenizer=tokenizer)
-        start, history = state["step"], state["history"]
-    else:
-        corpus = prepare_corpus(s["data"])
-        tokenizer = corpus.tokenizer
-        config = GPTConfig(
-            vocab_size=tokenizer.vocab_size,
-            block_size=s["block_size"],
-            n_layer=s["n_layer"],
-            n_head=s["n_head"],
-            n_embd=s["n_embd"],
-            dropout=s["dropout"],
-        )
-        model = GPT(config, rng=np.random.default_rng(s["seed"]))
-        optimizer = nn.optim.AdamW(
-            param_groups(model, s["weight_decay"]), lr=s["lr"], betas=(0.9, 0.99)
-        )
-        start = 0
-        history = {k: [] for k in ("step", "loss", "lr", "eval_step", "eval_train", "eval_val")}
+    out, main = Path(s["out"]), replicas.is_main
+    quiet = quiet or not main
+    model, optimizer, tokenizer, corpus, start, history = _setup(s, resume)
+    note = replicas.start(model, optimizer, s, start)
     baseline = unigram_baseline(corpus.train, corpus.val, tokenizer.vocab_size)
     history["baseline"] = baseline
     evals = {
-        "train": eval_batches(
-            corpus.train, s["batch_size"], s["block_size"], s["eval_batches"], s["seed"]
-        ),
-        "val": eval_batches(
-            corpus.val, s["batch_size"], s["block_size"], s["eval_batches"], s["seed"]
-        ),
+        name: eval_batches(ids, s["batch_size"], s["block_size"], s["eval_batches"], s["seed"])
+        for name, ids in (("train", corpus.train), ("val", corpus.val))
     }
     _log(
         quiet,
-        f"{model.describe()}: {model.num_parameters():,} parameters, {s['dtype']}; data: "
+        f"{model.describe()}: {model.num_parameters():,} parameters, {s['dtype']}{note}; data: "
         f"{corpus.source}, {len(corpus.train):,} train / {len(corpus.val):,} val tokens; "
         f"unigram baseline {baseline:.3f} nats/token",
     )
@@ -418,13 +442,21 @@ def _train(
     began, step = time.perf_counter(), start
     interrupted = False
     try:
-        while step < steps:
-            if stop.is_set():
-                interrupted = True
-                break
+        while step < steps and not interrupted:
             lr = nn.optim.cosine_with_warmup(step, s["lr"], s["warmup"], steps, s["min_lr"])
-            x, y = get_batch(corpus.train, s["batch_size"], s["block_size"], s["seed"], step)
-            loss, _ = train_step(model, optimizer, x, y, lr, s["grad_clip"], after_backward)
+            x, y = get_batch(
+                corpus.train,
+                s["batch_size"],
+                s["block_size"],
+                s["seed"],
+                step,
+                replicas.rank,
+                replicas.world_size,
+            )
+            # A stop request (Ctrl-C) ends the run after this step, on every process at once.
+            loss, _, interrupted = train_step(
+                model, optimizer, x, y, lr, s["grad_clip"], after_backward, replicas, stop
+            )
             history["step"].append(step)
             history["loss"].append(loss)
             history["lr"].append(lr)
@@ -432,14 +464,14 @@ def _train(
             rate = (step - start) * tokens_per_step / (time.perf_counter() - began)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
             bar.update(1)
-            if step % s["eval_every"] == 0 or step == steps:
+            if main and not interrupted and (step % s["eval_every"] == 0 or step == steps):
                 _evaluate(model, evals, step, history, quiet)
                 save_run(out, model, optimizer, tokenizer, step, s, history)
                 plot_losses(out / "loss.png", history, baseline)
     finally:
         bar.close()
     seconds = time.perf_counter() - began
-    if interrupted:
+    if interrupted and main:
         save_run(out, model, optimizer, tokenizer, step, s, history)
         plot_losses(out / "loss.png", history, baseline)
         print(f"interrupted at step {step}: checkpoint saved in {out}; continue with --resume")
@@ -447,8 +479,9 @@ def _train(
         interrupted=interrupted,
         seconds=seconds,
         tokens_per_s=(step - start) * tokens_per_step / max(seconds, 1e-9),
+        world_size=replicas.world_size,
     )
-    if not interrupted and s["sample_tokens"] > 0:
+    if main and not interrupted and s["sample_tokens"] > 0:
         history["sample"] = sample_text(
             model, tokenizer, s["sample_prompt"], s["sample_tokens"], s["seed"]
         )

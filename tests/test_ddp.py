@@ -284,4 +284,4 @@ def test_replicas_that_differ_are_named(float64):
 def test_dropout_is_refused_with_ddp(data_file, tmp_path):
     settings = {**train.DEFAULTS, **SETTINGS, "data": str(data_file), "out": str(tmp_path)}
     with pytest.raises(SystemExit, match="--dropout 0.1 is not supported with --ddp"):
-        ddp.train_ddp({**settings, "dropout": 0.1}, FakeComm())
+        train.train({**settings, "dropout": 0.1}, replicas=ddp.DataParallel(FakeComm()))
