@@ -48,11 +48,12 @@ def same_shape(a, b, kernel, names):
 FASTMATH = {"reassoc"}
 
 
-# Below this many inner-loop iterations (~50 us of work) a kernel runs its serial build on the
-# calling thread: handing a job to Numba's thread pool costs ~10-20 us even with sleeping workers
-# (see start_threads), more than a small job gains. Measured in docs/kernels.md ("Serial or
-# parallel"); tests lower or raise it to force one build.
-PARALLEL_MIN_WORK = 1 << 16
+# Below this many inner-loop iterations a kernel runs its serial build on the calling thread.
+# Waking Numba's sleeping workers (see start_threads) costs ~50 us per call, so the parallel build
+# only wins from ~2^18 values (softmax forward on a quiet 2-core machine: 252 us serial vs 199 us
+# parallel at 2^18, 66 vs 108 us at 2^16). Table in docs/kernels.md ("Serial or parallel");
+# tests lower or raise it to force one build.
+PARALLEL_MIN_WORK = 1 << 18
 
 
 class Kernel:
