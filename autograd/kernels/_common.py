@@ -50,10 +50,10 @@ FASTMATH = {"reassoc"}
 
 # Below this many inner-loop iterations a kernel runs its serial build on the calling thread.
 # Waking Numba's sleeping workers (see start_threads) costs ~50 us per call, so the parallel build
-# only wins from ~2^18 values (softmax forward on a quiet 2-core machine: 252 us serial vs 199 us
-# parallel at 2^18, 66 vs 108 us at 2^16). Table in docs/kernels.md ("Serial or parallel");
+# only wins from ~2^17 values (softmax forward on a quiet 2-core machine: 66 us serial vs 108 us
+# parallel at 2^16, 252 vs 199 us at 2^18). Table in docs/kernels.md ("Serial or parallel");
 # tests lower or raise it to force one build.
-PARALLEL_MIN_WORK = 1 << 18
+PARALLEL_MIN_WORK = 1 << 17
 
 
 class Kernel:

@@ -23,11 +23,12 @@ read (causal: the block's past plus its diagonal part; the masked future is neve
     backward: S = q_blk k^T, dP = go_blk v^T (BLAS)  ->  P = exp(S * scale - lse),
               dS = P (dP - Di) scale (Numba)  ->  gq_blk = dS k, gv += P^T go, gk += dS^T q (BLAS)
 Each product is one np.matmul batched over the B * H heads (numpy hands each head's matrices to
-its BLAS sgemm/dgemm, which runs ~5x faster than a plain loop), and the elementwise steps are fused
-into one Numba pass over each row. Only o and one lse per row are stored; the backward recomputes
-P from q, k and lse. Scratch: B * H * BLOCK_Q * Tk values for S (the backward: twice that, plus
-B * H * Tk * D for a partial gk or gv), i.e. O(B * H * T * D) while BLOCK_Q <= D; a (Tq, Tk) matrix
-per head exists only when Tq <= BLOCK_Q, where it is that small anyway.
+its BLAS sgemm/dgemm, ~4x faster per thread than the Numba loops it replaced), and the elementwise
+steps are fused into one Numba pass over each row. Only o and one lse per row are stored; the
+backward recomputes P from q, k and lse. Scratch: B * H * BLOCK_Q * Tk values for S (the
+backward: twice that, plus B * H * Tk * D each for a partial gk or gv and for transposed copies of
+k and v), i.e. O(B * H * T * D) while BLOCK_Q <= D; a (Tq, Tk) matrix per head exists only when
+Tq <= BLOCK_Q, where it is that small anyway.
 
 Both paths return o, gq, gk, gv and lse in the dtype of q (lse is summed in float64 first).
 """
