@@ -111,4 +111,4 @@ def start_threads() -> None:
     try:
         numba.get_num_threads()  # launches the threading layer
     finally:
-        del os.environ["OMP_WAIT_POLICY"]
+        os.environ.pop("OMP_WAIT_POLICY", None)  # pop: two threads may get here at once
