@@ -25,8 +25,8 @@ def check_op(
     Forward: equal to `reference` (the same maths written with plain numpy) within forward_rtol.
     Backward: every input marked differentiable is gradchecked against central differences and
     the worst relative error must be <= MAX_REL_ERROR. The default step grows with the inputs'
-    magnitude, 1e-6 * max(1, |x|)^(2/3), balancing rounding error in L (which grows with |x|)
-    against truncation error (which grows with the step): at |x| ~ 1e3 the step is 1e-4.
+    magnitude, 1e-6 * max(1, |x|)^(1/3), balancing rounding error in L (which grows with |x|)
+    against truncation error (which grows with the step): at |x| ~ 1e3 the step is 1e-5.
     """
     autograd.set_default_dtype(np.float64)
     differentiable = differentiable or [True] * len(arrays)
@@ -43,7 +43,7 @@ def check_op(
     if eps is None:
         finite = [np.abs(t.data[np.isfinite(t.data)]) for t in tensors]
         magnitude = max([1.0] + [float(f.max()) for f in finite if f.size])
-        eps = 1e-6 * magnitude ** (2 / 3)
+        eps = 1e-6 * magnitude ** (1 / 3)
 
     def op_of_tensors(*ts):
         it = iter(ts)

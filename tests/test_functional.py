@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from opcheck import check_op
@@ -128,7 +128,12 @@ def test_fully_masked_softmax_slice_is_zero_not_nan(backend):
 def norm_case(draw):
     shape = draw(SHAPE)
     rng = seeded(draw)
-    x = rng.standard_normal(shape) * draw(st.sampled_from([0.1, 1.0, 100.0]))
+    # (not 100: with C = 2 the output is +-1 whatever x is, and the only x-dependence left is
+    # through eps at 1e-9 of the variance, below what central differences resolve)
+    x = rng.standard_normal(shape) * draw(st.sampled_from([0.1, 1.0, 10.0]))
+    # Rows whose values nearly coincide make LayerNorm ill-conditioned (its derivatives grow like
+    # 1/spread): central differences cannot resolve them; test_reliability covers them instead.
+    assume(shape[-1] == 1 or np.ptp(x, axis=-1).min() > 0.2 * np.abs(x).max())
     return x, rng.standard_normal(shape[-1:]), rng.standard_normal(shape[-1:])
 
 
