@@ -50,7 +50,10 @@ def set_threads(n: int | None) -> None:
     import numba
     from threadpoolctl import threadpool_limits
 
+    from autograd.kernels import start_threads
+
     threadpool_limits(limits=n)
+    start_threads()  # first: numba.set_num_threads would launch spinning OpenMP workers
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     torch = torch_module()
     if torch is not None:

@@ -10,6 +10,9 @@
    `memory_method` says which.
 3. Repetitions alternate between the variants (A B C A B C ...), so that a burst of load from
    other processes on a shared machine hits all of them alike; each reports median, min and max.
+   Before each timed call the runner sleeps COOL_DOWN_S (untimed): OpenBLAS's threads keep
+   spinning for ~0.1 s after a call and take the cores from whatever runs next (measured: torch's
+   attention fwd+bwd took 23.6 ms right after a numpy matmul, 12.2 ms after a 0.2 s pause).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import resource
 import time
 from collections.abc import Callable
 from typing import Any
+
+COOL_DOWN_S = 0.2  # let the previous call's spinning BLAS/OpenMP threads go to sleep
 
 
 def _status_kb(field: str) -> int | None:
@@ -98,6 +103,7 @@ def measure(
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(reps):
         for name, fn in variants.items():
+            time.sleep(COOL_DOWN_S)
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
