@@ -66,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
         help="run nothing: re-render the table / --markdown / --plot from a saved --json FILE",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    # internal: the second process that times the PyTorch variants (see runner.run_benchmarks)
+    parser.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -112,12 +114,18 @@ def main(argv: list[str] | None = None) -> int:
             use_torch=not args.no_torch,
             log=log,
             reexec_from=json.loads(os.environ.get(_REEXEC_MARK, "{}")),
+            torch_only=args.torch_only,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     argv_shown = shlex.join(a for a in argv if a != "--quiet")
     results["command"] = f"python -m benchmarks {argv_shown}".strip()
+    if args.torch_only:
+        from benchmarks import report
+
+        report.write_json(results, args.json)
+        return 0
     _write_outputs(results, args, results["command"])
     return 0
 

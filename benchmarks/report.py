@@ -172,7 +172,9 @@ def _header_lines(results: dict[str, Any]) -> list[str]:
         f"sgemm peak: {sg['gflops']:.1f} GFLOP/s (float32 {sg['n']}^3 np.matmul, best of "
         f"{sg['reps']})",
         f"method: float32; warm-up timed separately; {results['reps']} alternating repetitions; "
-        "median (min-max)" + ("; QUICK mode (small shapes)" if results["quick"] else ""),
+        "median (min-max)"
+        + ("; PyTorch timed in a separate process" if results["torch_used"] else "")
+        + ("; QUICK mode (small shapes)" if results["quick"] else ""),
     ]
     return lines
 
@@ -191,6 +193,10 @@ def _notes() -> list[str]:
         "Numba kernels (a barrier per call) most.",
         "Decode: time of the step that produces token t+1 from t tokens; cached = one position "
         "through the KV cache, uncached = the whole context again.",
+        "PyTorch runs in its own process with the same shapes, threads and repetitions: Numba "
+        "and PyTorch each load an OpenMP runtime named libgomp.so.1, and in one process they "
+        "share the first one loaded and slow each other (a Numba LayerNorm 0.18 -> 2.5 ms, "
+        "torch's attention 12 -> 36 ms, measured here).",
     ]
 
 

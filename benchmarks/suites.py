@@ -313,9 +313,10 @@ def kernels_suite(ctx: Context) -> list[dict[str, Any]]:
     Each single-kernel record also carries "first_call": compile and cached-load seconds (quick mode
     probes only the first kernel, to stay fast)."""
     records = []
-    ctx.log("  kernels: compile and cached-load times (two fresh processes)")
-    probed = list(KERNELS[:1] if ctx.quick else KERNELS)
-    first_call = compile_times(probed)
+    first_call = {}
+    if timing.variant_filter is None:  # not in the PyTorch process: it times only torch
+        ctx.log("  kernels: compile and cached-load times (two fresh processes)")
+        first_call = compile_times(list(KERNELS[:1] if ctx.quick else KERNELS))
     for name, params, make, make_torch in _kernel_cases(ctx, np.random.default_rng(0)):
         ctx.log(f"  kernels: {name}")
         variants = {"numba": make("numba"), "numpy": make("numpy")}

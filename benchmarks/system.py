@@ -6,8 +6,11 @@ conditions the timings were taken under (same threads for BLAS, Numba and PyTorc
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import platform
+import sys
 import time
 from typing import Any
 
@@ -43,6 +46,11 @@ def set_threads(n: int | None) -> None:
 
     None leaves every library at its default. The BLAS limit is process-wide and stays set.
     """
+    from autograd.kernels import start_threads
+
+    # First, before anything calls numba.get/set_num_threads: that would launch the OpenMP
+    # workers spinning, and a spinning worker slowed the tiny training step from 22 to 37 ms.
+    start_threads()
     if n is None:
         return
     if n < 1:
@@ -50,12 +58,9 @@ def set_threads(n: int | None) -> None:
     import numba
     from threadpoolctl import threadpool_limits
 
-    from autograd.kernels import start_threads
-
     threadpool_limits(limits=n)
-    start_threads()  # first: numba.set_num_threads would launch spinning OpenMP workers
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    torch = torch_module()
+    torch = sys.modules.get("torch")  # only where torch runs: importing it here would load it
     if torch is not None:
         torch.set_num_threads(n)
 
@@ -69,11 +74,16 @@ def torch_module():
     return torch
 
 
+def torch_installed() -> bool:
+    """Whether torch can be imported, without importing it."""
+    return importlib.util.find_spec("torch") is not None
+
+
 def thread_counts() -> dict[str, int | None]:
     import numba
 
     blas = [info["num_threads"] for info in blas_info() if info["user_api"] == "blas"]
-    torch = torch_module()
+    torch = sys.modules.get("torch")
     return {
         "blas": blas[0] if blas else None,
         "numba": numba.get_num_threads(),
@@ -85,7 +95,6 @@ def environment(reexec_from: dict[str, str] | None = None) -> dict[str, Any]:
     """The header of every report: date, machine, library versions, BLAS kernel, threads."""
     import numba
 
-    torch = torch_module()
     blas_env = {name: os.environ.get(name) for name in BLAS_ENV_VARS}
     return {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -94,7 +103,7 @@ def environment(reexec_from: dict[str, str] | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "numpy": np.__version__,
         "numba": numba.__version__,
-        "torch": torch.__version__ if torch is not None else None,
+        "torch": importlib.metadata.version("torch") if torch_installed() else None,
         "blas": blas_info(),
         "blas_env": blas_env,
         "blas_env_removed_by_reexec": reexec_from or {},

@@ -10,9 +10,8 @@
    `memory_method` says which.
 3. Repetitions alternate between the variants (A B C A B C ...), so that a burst of load from
    other processes on a shared machine hits all of them alike; each reports median, min and max.
-   Before each timed call the runner sleeps COOL_DOWN_S (untimed): OpenBLAS's threads keep
-   spinning for ~0.1 s after a call and take the cores from whatever runs next (measured: torch's
-   attention fwd+bwd took 23.6 ms right after a numpy matmul, 12.2 ms after a 0.2 s pause).
+   No pause between calls: on this VM an idle vCPU takes milliseconds to wake, which a pause
+   would charge to the next parallel call (a 0.4 ms Numba kernel measured 7 ms after 0.2 s idle).
 """
 
 from __future__ import annotations
@@ -24,7 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-COOL_DOWN_S = 0.2  # let the previous call's spinning BLAS/OpenMP threads go to sleep
+# Which variants this process times (None: all). The PyTorch variants run in a process of their
+# own (see runner.py); there, the others are skipped and reported as NaN, to be merged.
+variant_filter: Callable[[str], bool] | None = None
 
 
 def _status_kb(field: str) -> int | None:
@@ -94,6 +95,14 @@ def measure(
     if reps < 1:
         raise ValueError(f"benchmarks: reps must be >= 1, got {reps}")
     results: dict[str, dict[str, Any]] = {}
+    if variant_filter is not None:
+        skipped = [name for name in variants if not variant_filter(name)]
+        nan = float("nan")
+        for name in skipped:
+            results[name] = dict(warmup_s=nan, median_ms=nan, min_ms=nan, max_ms=nan, reps=0)
+            if memory:
+                results[name]["peak_mb"] = nan
+        variants = {name: fn for name, fn in variants.items() if name not in skipped}
     for name, fn in variants.items():
         start = time.perf_counter()
         fn()
@@ -103,7 +112,6 @@ def measure(
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(reps):
         for name, fn in variants.items():
-            time.sleep(COOL_DOWN_S)
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
