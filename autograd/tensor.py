@@ -370,7 +370,8 @@ class Tensor:
                 )
             grad = np.ones_like(self._data)
         else:
-            grad = np.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
+            # a copy: the caller's array must never become (or alias) some tensor's .grad
+            grad = np.array(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
             if grad.shape != self.shape:
                 raise ValueError(
                     f"backward: grad has shape {grad.shape} but the output has shape {self.shape}"
@@ -535,13 +536,14 @@ def run_backward(root: Tensor, seed: np.ndarray, retain_graph: bool, trace: bool
 
         tracer = BackwardTracer()
     pending: dict[int, np.ndarray] = {id(root): seed}
+    adopted: set[int] = set()  # arrays that became some tensor's .grad during this pass
     for step, tensor in enumerate(order):
         grad = pending.pop(id(tensor), None)
         if grad is None:
             continue
         fn = tensor._ctx
         if fn is None or tensor._retains_grad:
-            _accumulate(tensor, grad)
+            _accumulate(tensor, grad, adopted)
             if fn is None:
                 if tracer is not None:
                     tracer.leaf(tensor, grad)
@@ -586,11 +588,17 @@ def _check_versions(fn: Function, output: Tensor) -> None:
         )
 
 
-def _accumulate(tensor: Tensor, grad: np.ndarray) -> None:
-    if tensor.grad is None:
-        tensor.grad = np.array(grad, dtype=tensor.dtype, copy=True)
-    else:
+def _accumulate(tensor: Tensor, grad: np.ndarray, adopted: set[int]) -> None:
+    """tensor.grad += grad. A first gradient that this backward pass owns outright (a fresh
+    array, not a view, not handed out before) becomes .grad as it is: no copy of every parameter
+    gradient each step. Anything else is copied, so two .grad arrays never share memory."""
+    if tensor.grad is not None:
         tensor.grad += grad
+    elif grad.dtype == tensor.dtype and grad.flags.owndata and id(grad) not in adopted:
+        adopted.add(id(grad))
+        tensor.grad = grad
+    else:
+        tensor.grad = np.array(grad, dtype=tensor.dtype, copy=True)
 
 
 from autograd import ops as _ops  # noqa: E402  (ops subclass Function defined above)

@@ -263,3 +263,18 @@ def test_inplace_change_of_an_input_saved_as_a_view_is_detected():
     x[0, 0, 0] = 5.0
     with pytest.raises(RuntimeError, match="modified in place"):
         y.backward()
+
+
+def test_gradients_never_alias_each_other_or_the_seed():
+    a = Tensor([1.0, 2.0], requires_grad=True)
+    b = Tensor([3.0, 4.0], requires_grad=True)
+    seed = np.array([1.0, 1.0], dtype=np.float32)
+    (a + b).backward(seed)  # Add hands the same incoming array to both inputs
+    assert not np.shares_memory(a.grad, b.grad)
+    assert not np.shares_memory(a.grad, seed) and not np.shares_memory(b.grad, seed)
+    a.grad += 1.0
+    np.testing.assert_array_equal(b.grad, [1.0, 1.0])
+    np.testing.assert_array_equal(seed, [1.0, 1.0])
+    h = (a * 2).retain_grad()
+    (h + a).sum().backward()  # h's .grad and a's contribution from h start as the same array
+    assert not np.shares_memory(h.grad, a.grad)
