@@ -240,9 +240,10 @@ def markdown_report(results: dict[str, Any], command: str) -> str:
         "results.md --json results.json --plot results.png\n```\n\n"
         "`--quick` finishes in under a minute; `--threads N` sets BLAS, Numba and PyTorch threads; "
         "`--suite` / `--config` pick what to run (`python -m benchmarks --help`). The PyTorch "
-        "columns need torch (optional, CPU wheel: `pip install torch`); without it they are "
-        "skipped. The runner re-executes itself without the OpenBLAS variables above (they force "
-        "a slower kernel) unless given `--keep-blas-env`.",
+        "columns need torch, an optional extra (the CPU build: `pip install torch --index-url "
+        "https://download.pytorch.org/whl/cpu`); without it they are skipped; it is timed in a "
+        "process of its own. The runner re-executes itself without the OpenBLAS variables above "
+        "(they force a slower kernel) unless given `--keep-blas-env`.",
         "\n".join(f"- {line}" for line in _header_lines(results)),
     ]
     for title, headers, rows in _tables(results):
