@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import traceback
 import zlib
 from collections.abc import Iterator, Sequence
@@ -195,6 +196,9 @@ def abort_on_error(comm: Any) -> Iterator[None]:
         sys.stdout.flush()
         sys.stderr.write(f"ddp: rank {rank} of {size} failed; aborting the job:\n{message}")
         sys.stderr.flush()
+        # MPI_Abort kills every rank at once; give mpiexec's output forwarding a moment to pass
+        # this message on first (under load it was lost: the job died with empty output).
+        time.sleep(0.5)
         comm.Abort(1)
         os._exit(1)  # MPI_Abort may return before the process manager kills us: never go on
 

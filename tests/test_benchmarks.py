@@ -3,9 +3,12 @@
 import json
 import math
 
+import numba
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
+from autograd.kernels import start_threads
 from benchmarks import timing
 from benchmarks.__main__ import main
 from benchmarks.configs import STANDARD, parse_config, train_flops
@@ -24,20 +27,14 @@ def quick_run(tmp_path_factory):
     """One `--quick` run of every suite (one per module: it is the slow part)."""
     out = tmp_path_factory.mktemp("bench")
     paths = {"json": out / "r.json", "md": out / "r.md", "png": out / "r.png"}
-    code = main(
-        [
-            "--quick",
-            "--quiet",
-            "--threads",
-            "1",
-            "--json",
-            str(paths["json"]),
-            "--markdown",
-            str(paths["md"]),
-            "--plot",
-            str(paths["png"]),
-        ]
-    )
+    argv = ["--quick", "--quiet", "--threads", "1", "--json", str(paths["json"])]
+    argv += ["--markdown", str(paths["md"]), "--plot", str(paths["png"])]
+    # --threads changes process-wide settings: put them back for the tests that follow
+    start_threads()
+    numba_threads = numba.get_num_threads()
+    with threadpool_limits(limits=None):  # restores the BLAS limits on exit
+        code = main(argv)
+    numba.set_num_threads(numba_threads)
     assert code == 0
     return json.loads(paths["json"].read_text()), paths
 

@@ -357,7 +357,7 @@ def test_serial_and_parallel_builds_match_reference(build, dt, monkeypatch):
                 )
 
 
-def test_work_threshold_picks_the_build(monkeypatch):
+def test_work_threshold_picks_the_build(monkeypatch, request):
     import numba
 
     if numba.config.NUMBA_NUM_THREADS < 2:
@@ -369,6 +369,10 @@ def test_work_threshold_picks_the_build(monkeypatch):
 
     kernel = _common.Kernel(thread_ids)
     out = np.empty(1000, np.int64)
+    _common.start_threads()
+    threads = numba.get_num_threads()
+    numba.set_num_threads(2)  # whatever an earlier test left
+    request.addfinalizer(lambda: numba.set_num_threads(threads))
     monkeypatch.setattr(_common, "PARALLEL_MIN_WORK", 1001)
     kernel(out.size, out)
     assert not out.any()  # serial build: everything on the calling thread
