@@ -41,7 +41,7 @@ from models.tokenizer import CharTokenizer
 DEFAULTS: dict[str, Any] = {
     "data": None,
     "out": "runs/demo",
-    "steps": 600,
+    "steps": 2000,
     "batch_size": 16,
     "block_size": 64,
     "n_layer": 4,
@@ -53,7 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "warmup": 60,
     "weight_decay": 0.1,
     "grad_clip": 1.0,
-    "eval_every": 100,
+    "eval_every": 250,
     "eval_batches": 4,
     "seed": 1337,
     "dtype": "float32",
