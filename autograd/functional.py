@@ -1,7 +1,7 @@
 """The Transformer ops: fused forwards with hand-written VJPs (notes ch. 6, 7, 9, 10).
 
 Each op is one Function: forward and backward side by side, the formula in a comment and the
-notes' section where it is derived. The hot ones (softmax, log_softmax, layer_norm,
+notes' section where it is derived. The hot ones (softmax, log_softmax, layer_norm, gelu,
 cross_entropy, embedding backward, attention) call `autograd.kernels`, which runs either a Numba
 kernel or the plain numpy reference (GLASSGRAD_KERNELS=numpy or kernels.use_backend("numpy")).
 """
@@ -270,27 +270,17 @@ def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Ten
 
 # --- activations and dropout (notes 8.2) ------------------------------------------------------
 
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _erf = np.frompyfunc(math.erf, 1, 1)  # exact erf; numpy has none (only the 'none' GELU uses it)
 
 
 class Gelu(Function):
     # tanh:  y = x/2 (1 + t), t = tanh(u), u = s (x + 0.044715 x^3), s = sqrt(2/pi)
-    #        dy/dx = (1 + t)/2 + x/2 (1 - t^2) s (1 + 3 * 0.044715 x^2)
+    #        dy/dx = (1 + t)/2 + x/2 (1 - t^2) s (1 + 3 * 0.044715 x^2)     (kernels.gelu)
     # none:  y = x Phi(x);  dy/dx = Phi(x) + x phi(x)
-    # The tanh form runs in place (out= and *=): GELU sees the MLP's widest activations, and a
-    # fresh temporary per step of the formula made it the slowest op of a training step.
     def forward(self, x, approximate="tanh"):
         if approximate == "tanh":
-            t = x * x
-            t *= 0.044715 * _SQRT_2_OVER_PI
-            t += _SQRT_2_OVER_PI
-            t *= x  # u
-            np.tanh(t, out=t)
+            y, t = kernels.gelu_forward(x)
             self.save_for_backward(x, t, approximate)
-            y = t + 1
-            y *= x
-            y *= 0.5
             return y
         cdf = (0.5 * (1 + _erf(x / math.sqrt(2.0)))).astype(x.dtype)
         self.save_for_backward(x, cdf, approximate)
@@ -299,20 +289,7 @@ class Gelu(Function):
     def backward(self, g):
         x, saved, approximate = self.saved
         if approximate == "tanh":
-            t = saved
-            grad = t * t
-            np.subtract(1, grad, out=grad)  # 1 - t^2
-            du = x * x
-            du *= 3 * 0.044715 * _SQRT_2_OVER_PI
-            du += _SQRT_2_OVER_PI  # du/dx
-            grad *= du
-            grad *= x
-            grad *= 0.5  # x/2 (1 - t^2) du/dx
-            np.multiply(t, 0.5, out=du)
-            du += 0.5  # (1 + t)/2
-            grad += du
-            grad *= g
-            return (grad,)
+            return (kernels.gelu_backward(g, x, saved),)
         pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
         return (g * (saved + x * pdf),)
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autograd import kernels
-from autograd.kernels import _common, attention, embedding, layernorm, softmax
+from autograd.kernels import _common, attention, embedding, gelu, layernorm, softmax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = ("numpy", "numba")
@@ -333,6 +333,8 @@ def _all_kernel_calls(rng, dt):
         ("embedding_backward", (targets.clip(0) % 7, gy, 7)),
         ("attention_forward", (q, k, v, True)),
         ("attention_backward", (q, k, v, o, lse, go, True)),
+        ("gelu_forward", (finite * 3,)),
+        ("gelu_backward", (gy, x.clip(-5), np.tanh(x.clip(-5)))),
     ]
 
 
@@ -451,6 +453,11 @@ def test_gradients_by_central_differences(backend):
     g = rng.standard_normal((2, 3, 4))
     assert_vjp(lambda w: np.sum(w[idx] * g), [weight], [k("embedding_backward")(idx, g, 5)])
 
+    x = rng.standard_normal((3, 7)) * 3
+    g = rng.standard_normal(x.shape)
+    _, t = k("gelu_forward")(x)
+    assert_vjp(lambda x: np.sum(k("gelu_forward")(x)[0] * g), [x], [k("gelu_backward")(g, x, t)])
+
     for causal, tq in ((True, 3), (True, 5), (False, 4)):
         q, (kk, v) = rng.standard_normal((2, 1, tq, 3)), rng.standard_normal((2, 2, 1, 5, 3))
         go = rng.standard_normal(q.shape)
@@ -566,3 +573,17 @@ def test_attention_memory_stays_far_below_t_by_t():
 
     assert max(growth("numba")) < 4.0
     assert min(growth("numpy")) > 16.0  # the reference does hold (T, T) buffers: the probes work
+
+
+@given(seeds, dtypes, st.sampled_from([1.0, 10.0, 1e3]))
+@settings(deadline=None)
+def test_gelu_matches_reference(seed, dt, scale):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((3, 41)) * scale).astype(dt)
+    x[0, :3] = [0.0, 1e-8, -1e-8]  # tanh near 0 comes from 1 - exp(-2|u|): check it there too
+    gy = rng.standard_normal(x.shape).astype(dt)
+    y, t = gelu.gelu_forward_numba(x)
+    y_ref, t_ref = gelu.gelu_forward_numpy(x)
+    assert_close(y, y_ref, dt, scale)
+    assert_close(t, t_ref, dt)
+    assert_close(gelu.gelu_backward_numba(gy, x, t), gelu.gelu_backward_numpy(gy, x, t_ref), dt, 3)

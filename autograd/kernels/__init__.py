@@ -59,6 +59,8 @@ _TOPIC = {
     "log_softmax_backward": "softmax",
     "logsumexp_forward": "softmax",
     "cross_entropy_forward": "softmax",
+    "gelu_forward": "gelu",
+    "gelu_backward": "gelu",
     "layer_norm_forward": "layernorm",
     "layer_norm_backward": "layernorm",
     "embedding_backward": "embedding",
@@ -137,6 +139,16 @@ def logsumexp_forward(x):
 def cross_entropy_forward(logits, targets, ignore_index=-100, need_grad=True):
     """(loss, dlogits) of mean NLL of log_softmax (softmax.cross_entropy_forward_numpy)."""
     return get_kernel("cross_entropy_forward")(logits, targets, ignore_index, need_grad)
+
+
+def gelu_forward(x):
+    """(y, t) of tanh-GELU; t = tanh(u), kept for the backward (gelu.gelu_forward_numpy)."""
+    return get_kernel("gelu_forward")(x)
+
+
+def gelu_backward(gy, x, t):
+    """gx of GELU, tanh approximation (gelu.gelu_backward_numpy)."""
+    return get_kernel("gelu_backward")(gy, x, t)
 
 
 def layer_norm_forward(x, weight, bias, eps):

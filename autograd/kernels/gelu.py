@@ -1,0 +1,106 @@
+"""GELU, the tanh approximation GPT-2 uses (notes 8.2), forward and backward, elementwise.
+
+    y = x/2 (1 + t),   t = tanh(u),   u = s (x + 0.044715 x^3),   s = sqrt(2 / pi)
+    dy/dx = (1 + t)/2 + x/2 (1 - t^2) s (1 + 3 * 0.044715 x^2)
+
+The forward returns (y, t): t is what the backward needs. The numpy reference works in place
+(out= and *=) to avoid a temporary per step of the formula; it still walks memory a dozen times.
+The Numba kernel does each direction in one pass, with tanh written through the vectorisable exp
+of a non-positive number: tanh(u) = sign(u) (1 - z) / (1 + z), z = exp(-2 |u|).
+"""
+
+import math
+
+import numpy as np
+from numba import prange
+
+from ._common import Kernel, float_array, same_shape
+from ._exp import exp
+
+S = math.sqrt(2.0 / math.pi)
+A = 0.044715
+
+# ---------------------------------------------------------------------------------------------
+# numpy reference
+# ---------------------------------------------------------------------------------------------
+
+
+def gelu_forward_numpy(x):
+    """(y, t) with y = x/2 (1 + t), t = tanh(s (x + 0.044715 x^3)) (notes 8.2)."""
+    x = float_array(x, "gelu_forward", "x")
+    t = x * x
+    t *= A * S
+    t += S
+    t *= x  # u
+    np.tanh(t, out=t)
+    y = t + 1
+    y *= x
+    y *= 0.5
+    return y, t
+
+
+def gelu_backward_numpy(gy, x, t):
+    """gx = gy ((1 + t)/2 + x/2 (1 - t^2) s (1 + 3 * 0.044715 x^2))."""
+    x = float_array(x, "gelu_backward", "x")
+    gy = float_array(gy, "gelu_backward", "gy", dtype=x.dtype)
+    t = float_array(t, "gelu_backward", "t", dtype=x.dtype)
+    same_shape(gy, x, "gelu_backward", ("gy", "x"))
+    same_shape(t, x, "gelu_backward", ("t", "x"))
+    gx = t * t
+    np.subtract(1, gx, out=gx)  # 1 - t^2
+    du = x * x
+    du *= 3 * A * S
+    du += S  # du/dx
+    gx *= du
+    gx *= x
+    gx *= 0.5  # x/2 (1 - t^2) du/dx
+    np.multiply(t, 0.5, out=du)
+    du += 0.5  # (1 + t)/2
+    gx += du
+    gx *= gy
+    return gx
+
+
+# ---------------------------------------------------------------------------------------------
+# Numba kernels: one pass over the flattened arrays
+# ---------------------------------------------------------------------------------------------
+
+
+@Kernel
+def _gelu_values(x, y, t):
+    for i in prange(x.size):
+        xi = x[i]
+        u = xi * (S + (A * S) * xi * xi)
+        z = exp(-2.0 * abs(u))
+        th = (1.0 - z) / (1.0 + z)
+        th = -th if u < 0 else th
+        t[i] = th
+        y[i] = 0.5 * xi * (1.0 + th)
+
+
+@Kernel
+def _gelu_grads(gy, x, t, gx):
+    for i in prange(x.size):
+        xi, ti = x[i], t[i]
+        du = S + (3.0 * A * S) * xi * xi
+        gx[i] = gy[i] * (0.5 * (1.0 + ti) + 0.5 * xi * (1.0 - ti * ti) * du)
+
+
+def gelu_forward_numba(x):
+    """Numba GELU forward; same contract as gelu_forward_numpy."""
+    x = float_array(x, "gelu_forward", "x")
+    y, t = np.empty_like(x), np.empty_like(x)
+    _gelu_values(x.size, x.reshape(-1), y.reshape(-1), t.reshape(-1))
+    return y, t
+
+
+def gelu_backward_numba(gy, x, t):
+    """Numba GELU backward; same contract as gelu_backward_numpy."""
+    x = float_array(x, "gelu_backward", "x")
+    gy = float_array(gy, "gelu_backward", "gy", dtype=x.dtype)
+    t = float_array(t, "gelu_backward", "t", dtype=x.dtype)
+    same_shape(gy, x, "gelu_backward", ("gy", "x"))
+    same_shape(t, x, "gelu_backward", ("t", "x"))
+    gx = np.empty_like(x)
+    _gelu_grads(x.size, gy.reshape(-1), x.reshape(-1), t.reshape(-1), gx.reshape(-1))
+    return gx
