@@ -20,6 +20,17 @@ from ._exp import exp
 S = math.sqrt(2.0 / math.pi)
 A = 0.044715
 
+
+def _check_backward(gy, x, t):
+    """The three arrays as C-contiguous floats of x's dtype, all of x's shape."""
+    x = float_array(x, "gelu_backward", "x")
+    gy = float_array(gy, "gelu_backward", "gy", dtype=x.dtype)
+    t = float_array(t, "gelu_backward", "t", dtype=x.dtype)
+    same_shape(gy, x, "gelu_backward", ("gy", "x"))
+    same_shape(t, x, "gelu_backward", ("t", "x"))
+    return gy, x, t
+
+
 # ---------------------------------------------------------------------------------------------
 # numpy reference
 # ---------------------------------------------------------------------------------------------
@@ -41,11 +52,7 @@ def gelu_forward_numpy(x):
 
 def gelu_backward_numpy(gy, x, t):
     """gx = gy ((1 + t)/2 + x/2 (1 - t^2) s (1 + 3 * 0.044715 x^2))."""
-    x = float_array(x, "gelu_backward", "x")
-    gy = float_array(gy, "gelu_backward", "gy", dtype=x.dtype)
-    t = float_array(t, "gelu_backward", "t", dtype=x.dtype)
-    same_shape(gy, x, "gelu_backward", ("gy", "x"))
-    same_shape(t, x, "gelu_backward", ("t", "x"))
+    gy, x, t = _check_backward(gy, x, t)
     gx = t * t
     np.subtract(1, gx, out=gx)  # 1 - t^2
     du = x * x
@@ -96,11 +103,7 @@ def gelu_forward_numba(x):
 
 def gelu_backward_numba(gy, x, t):
     """Numba GELU backward; same contract as gelu_backward_numpy."""
-    x = float_array(x, "gelu_backward", "x")
-    gy = float_array(gy, "gelu_backward", "gy", dtype=x.dtype)
-    t = float_array(t, "gelu_backward", "t", dtype=x.dtype)
-    same_shape(gy, x, "gelu_backward", ("gy", "x"))
-    same_shape(t, x, "gelu_backward", ("t", "x"))
+    gy, x, t = _check_backward(gy, x, t)
     gx = np.empty_like(x)
     _gelu_grads(x.size, gy.reshape(-1), x.reshape(-1), t.reshape(-1), gx.reshape(-1))
     return gx
