@@ -183,9 +183,13 @@ class Gather(Function):
     def backward(self, g):
         shape, index, axis = self.saved
         grad = np.zeros(shape, dtype=g.dtype)
-        # Full coordinates of every gathered element: `index` along axis, positions elsewhere.
-        coords = list(np.indices(index.shape, sparse=True))
-        coords[axis] = index
+        # Full coordinates of every gathered element: `index` along axis, the output position
+        # elsewhere, 0 along a size-1 dim of x that the forward broadcast (like take_along_axis).
+        coords = list(np.indices(g.shape, sparse=True))
+        for d, n in enumerate(shape):
+            if n == 1 and d != axis:
+                coords[d] = 0
+        coords[axis] = np.broadcast_to(index, g.shape)
         np.add.at(grad, tuple(coords), g)
         return (grad,)
 

@@ -26,14 +26,28 @@ class GradcheckResult:
     element_index: tuple[int, ...]
     analytic: float
     numeric: float
+    n_failed: int = 0  # elements outside atol + rtol * |numeric|
 
     def __str__(self) -> str:
         return (
             f"gradcheck {'passed' if self.ok else 'FAILED'}: worst element is input "
             f"{self.input_index}{list(self.element_index)}: analytic {self.analytic:.12g}, "
             f"numeric {self.numeric:.12g} (abs error {self.max_abs_error:.3g}, "
-            f"rel error {self.max_rel_error:.3g})"
+            f"rel error {self.max_rel_error:.3g}); {self.n_failed} element(s) out of tolerance"
         )
+
+
+def _errors(analytic: float, numeric: float) -> tuple[float, float]:
+    """|analytic - numeric|, and that over max(1, |analytic|, |numeric|); NaN counts as inf."""
+    abs_error = abs(analytic - numeric)
+    if not np.isfinite(abs_error):
+        return np.inf, np.inf
+    return abs_error, abs_error / max(1.0, abs(analytic), abs(numeric))
+
+
+def _tolerance(atol: float, rtol: float, numeric: float) -> float:
+    """atol + rtol * |numeric|, never NaN: an infinite rtol times a zero derivative adds nothing."""
+    return atol + (rtol * abs(numeric) if numeric != 0 else 0.0)
 
 
 class GradcheckError(AssertionError):
@@ -82,33 +96,37 @@ def gradcheck(
         t.grad = None
     out.backward(weights.astype(out.dtype))
 
-    # (failed, rel error, input, element, analytic, numeric, abs error) of the worst element so far
-    worst = (False, 0.0, checked[0], (0,) * inputs[checked[0]].ndim, 0.0, 0.0, 0.0)
+    # (failed, rel error, input, element, analytic, numeric, abs error) of the worst element so far:
+    # a failing element outranks any passing one; among equals the larger relative error wins.
+    worst = (False, -1.0, checked[0], (0,) * inputs[checked[0]].ndim, 0.0, 0.0, 0.0)
+    n_failed = 0
     for i in checked:
         x = inputs[i].data
         analytic = inputs[i].grad if inputs[i].grad is not None else np.zeros_like(x)
         for index in np.ndindex(x.shape):
             original = x[index]
-            if not np.isfinite(original):  # -inf has no neighbourhood: only ask for a finite grad
-                if not np.isfinite(analytic[index]):
-                    worst = (True, np.inf, i, index, float(analytic[index]), 0.0, np.inf)
-                continue
-            step = eps * max(1.0, abs(float(original)))  # relative step for large magnitudes
-            x[index] = original + step
-            plus = loss()
-            x[index] = original - step
-            minus = loss()
-            x[index] = original
-            numeric = (plus - minus) / (2 * step)
             a = float(analytic[index])
-            abs_error = abs(a - numeric)
-            rel_error = abs_error / max(1.0, abs(a), abs(numeric))
-            passed = abs_error <= atol + rtol * abs(numeric)
+            if not np.isfinite(original):  # -inf has no neighbourhood: only ask for a finite grad
+                passed, numeric = bool(np.isfinite(a)), 0.0
+                abs_error = rel_error = 0.0 if passed else np.inf
+            else:
+                step = eps * max(1.0, abs(float(original)))  # relative step for large magnitudes
+                x[index] = original + step
+                plus = loss()
+                x[index] = original - step
+                minus = loss()
+                x[index] = original
+                numeric = (plus - minus) / (2 * step)
+                abs_error, rel_error = _errors(a, numeric)
+                passed = abs_error <= _tolerance(atol, rtol, numeric)
+            n_failed += not passed
             candidate = (not passed, rel_error, i, index, a, numeric, abs_error)
             if candidate[:2] > worst[:2]:
                 worst = candidate
     failed, rel_error, i, index, a, numeric, abs_error = worst
-    result = GradcheckResult(not failed, abs_error, rel_error, i, tuple(index), a, numeric)
+    result = GradcheckResult(
+        not failed, abs_error, max(rel_error, 0.0), i, tuple(index), a, numeric, n_failed
+    )
     if failed and raise_exception:
         raise GradcheckError(result)
     return result

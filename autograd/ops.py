@@ -25,7 +25,7 @@ class Add(Function):
 
     def backward(self, g):
         a_shape, b_shape = self.saved
-        return unbroadcast(g, a_shape), unbroadcast(g, b_shape)
+        return unbroadcast(g, a_shape, copy=True), unbroadcast(g, b_shape, copy=True)
 
 
 class Sub(Function):
@@ -36,7 +36,7 @@ class Sub(Function):
 
     def backward(self, g):
         a_shape, b_shape = self.saved
-        return unbroadcast(g, a_shape), unbroadcast(-g, b_shape)
+        return unbroadcast(g, a_shape, copy=True), unbroadcast(-g, b_shape)
 
 
 class Mul(Function):
@@ -224,7 +224,7 @@ class Sum(Function):
 
     def backward(self, g):
         shape, axes, keepdims = self.saved
-        return (_expand_reduced(g, shape, axes, keepdims),)
+        return (_expand_reduced(g, shape, axes, keepdims).copy(),)
 
 
 class Mean(Function):
@@ -270,21 +270,23 @@ class Reshape(Function):
 
     def backward(self, g):
         (shape,) = self.saved
-        return (g.reshape(shape),)
+        return (g.reshape(shape).copy(),)
 
 
 class Transpose(Function):
     # out = a with axes permuted;  da = g with the inverse permutation
     def forward(self, a, axes=None):
-        axes = tuple(range(a.ndim))[::-1] if axes is None else tuple(axes)
-        if sorted(ax % max(a.ndim, 1) for ax in axes) != list(range(a.ndim)):
-            raise ValueError(f"transpose: axes {axes} are not a permutation of a {a.ndim}-d shape")
+        given = tuple(range(a.ndim))[::-1] if axes is None else tuple(axes)
+        # normalised first: the inverse of (-1, 0) is argsort((1, 0)), not argsort((-1, 0))
+        axes = tuple(int(ax) % a.ndim for ax in given if -a.ndim <= ax < a.ndim)
+        if sorted(axes) != list(range(a.ndim)) or len(given) != a.ndim:
+            raise ValueError(f"transpose: axes {given} are not a permutation of a {a.ndim}-d shape")
         self.save_for_backward(axes)
         return np.transpose(a, axes)
 
     def backward(self, g):
         (axes,) = self.saved
-        return (np.transpose(g, np.argsort(axes)),)
+        return (np.transpose(g, np.argsort(axes)).copy(),)
 
 
 def _is_basic_index(index: Any) -> bool:
@@ -317,7 +319,7 @@ class Concat(Function):
 
     def backward(self, g):
         axis, sizes = self.saved
-        return tuple(np.split(g, np.cumsum(sizes)[:-1], axis=axis))
+        return tuple(part.copy() for part in np.split(g, np.cumsum(sizes)[:-1], axis=axis))
 
 
 class Stack(Function):

@@ -86,14 +86,15 @@ class AnomalyError(FloatingPointError):
     """A NaN or Inf appeared in a forward output or a backward gradient under detect_anomaly()."""
 
 
-def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def unbroadcast(grad: np.ndarray, shape: tuple[int, ...], copy: bool = False) -> np.ndarray:
     """Sum `grad` back to `shape`: the VJP of numpy broadcasting (the one place it is done).
 
     A dimension that broadcasting added in front, or stretched from size 1, was used many times
-    in the forward pass, so its gradient is the sum over those uses.
+    in the forward pass, so its gradient is the sum over those uses. copy=True: the result is
+    never `grad` itself (a VJP must return arrays of its own; the engine adopts them as .grad).
     """
     if grad.shape == shape:
-        return grad
+        return grad.copy() if copy else grad
     lead = grad.ndim - len(shape)
     stretched = tuple(lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1)
     return grad.sum(axis=tuple(range(lead)) + stretched, keepdims=False).reshape(shape)
