@@ -10,13 +10,13 @@ array([[2., 2., 2.],
        [2., 2., 2.]], dtype=float32)
 """
 
+from autograd import trace  # noqa: F401  (registers the tracer of backward(trace=True))
+from autograd.anomaly import AnomalyError, detect_anomaly
 from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck
 from autograd.ops import concat, stack, where
 from autograd.tensor import (
-    AnomalyError,
     Function,
     Tensor,
-    detect_anomaly,
     enable_grad,
     get_default_dtype,
     is_grad_enabled,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from autograd.tensor import Function, Tensor, unbroadcast
+from autograd.tensor import Function, Tensor, _index_array, unbroadcast
 
 # --- elementwise binary ops (numpy broadcasting) ----------------------------------------------
 
@@ -63,7 +63,7 @@ class Div(Function):
 
 
 class Pow(Function):
-    # out = a ** b;  da = g * b * a^(b-1), db = g * out * ln(a)  (taken as 0 where a <= 0)
+    # out = a ** b;  da = g * b * a^(b-1) (0 where b = 0), db = g * out * ln(a) (0 where a <= 0)
     def forward(self, a, b):
         out = a**b
         self.save_for_backward(a, b, out)
@@ -71,7 +71,7 @@ class Pow(Function):
 
     def backward(self, g):
         a, b, out = self.saved
-        ga = g * b * a ** (b - 1)
+        ga = g * b * a ** np.where(b, b - 1, 1)  # b = 0: 0, not 0 * 0^-1 = NaN, at a = 0
         with np.errstate(divide="ignore", invalid="ignore"):
             log_a = np.where(a > 0, np.log(np.where(a > 0, a, 1)), 0)
         return unbroadcast(ga, a.shape), unbroadcast(g * out * log_a, b.shape)
@@ -351,13 +351,24 @@ class Where(Function):
 # --- free functions of the public API ---------------------------------------------------------
 
 
+def lift(like: Tensor, other: Any) -> Tensor:
+    """`other` as a constant Tensor for an op with `like`. Dtypes then follow numpy's promotion
+    (NEP 50): an array keeps its dtype (float32 + float64 array -> float64), while a Python or
+    numpy scalar takes the float dtype of `like` (float32 + 2.5 -> float32)."""
+    if isinstance(other, Tensor):
+        return other
+    weak = np.ndim(other) == 0 and not isinstance(other, np.ndarray)
+    dtype = like.dtype if weak and like.dtype.kind == "f" else None
+    return Tensor._make(np.asarray(other, dtype=dtype), False)
+
+
 def _tensors(items: Any, op: str) -> list[Tensor]:
     items = list(items)
     if not items:
         raise ValueError(f"{op}: needs at least one tensor")
     like = next((t for t in items if isinstance(t, Tensor)), None)
     return [
-        t if isinstance(t, Tensor) else (like._lift(t) if like is not None else Tensor(t))
+        t if isinstance(t, Tensor) else (lift(like, t) if like is not None else Tensor(t))
         for t in items
     ]
 
@@ -379,3 +390,52 @@ def where(cond: Any, a: Any, b: Any) -> Tensor:
         raise TypeError(f"where: cond must be boolean, got dtype {cond.dtype}")
     a, b = _tensors([a, b], "where")
     return Where.apply(a, b, cond=cond)
+
+
+# --- Tensor's operators and methods: each one applies an op of this file ----------------------
+
+
+def _binary(op: type[Function]):
+    def method(self: Tensor, other: Any) -> Tensor:
+        return op.apply(self, lift(self, other))
+
+    def reflected(self: Tensor, other: Any) -> Tensor:
+        return op.apply(lift(self, other), self)
+
+    return method, reflected
+
+
+Tensor.__add__, Tensor.__radd__ = _binary(Add)
+Tensor.__sub__, Tensor.__rsub__ = _binary(Sub)
+Tensor.__mul__, Tensor.__rmul__ = _binary(Mul)
+Tensor.__truediv__, Tensor.__rtruediv__ = _binary(Div)
+Tensor.__pow__, Tensor.__rpow__ = _binary(Pow)
+Tensor.__matmul__, Tensor.__rmatmul__ = _binary(MatMul)
+Tensor.__neg__ = lambda self: Neg.apply(self)
+Tensor.__getitem__ = lambda self, index: GetItem.apply(self, index=_index_array(index))
+Tensor.exp = lambda self: Exp.apply(self)
+Tensor.log = lambda self: Log.apply(self)
+Tensor.sqrt = lambda self: Sqrt.apply(self)
+Tensor.tanh = lambda self: Tanh.apply(self)
+Tensor.relu = lambda self: Relu.apply(self)
+Tensor.sigmoid = lambda self: Sigmoid.apply(self)
+Tensor.sum = lambda self, axis=None, keepdims=False: Sum.apply(self, axis=axis, keepdims=keepdims)
+Tensor.mean = lambda self, axis=None, keepdims=False: Mean.apply(self, axis=axis, keepdims=keepdims)
+Tensor.max = lambda self, axis=None, keepdims=False: Max.apply(self, axis=axis, keepdims=keepdims)
+
+
+def _reshape(self: Tensor, *shape: Any) -> Tensor:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return Reshape.apply(self, shape=shape)
+
+
+def _transpose(self: Tensor, *axes: Any) -> Tensor:
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        axes = tuple(axes[0])
+    return Transpose.apply(self, axes=axes or None)
+
+
+Tensor.reshape = _reshape
+Tensor.transpose = _transpose
+Tensor.T = property(lambda self: Transpose.apply(self))

@@ -352,7 +352,7 @@ class GPT(nn.Module):
         if "transformer.h.0.attn.c_attn.bias" not in state and config.n_layer:
             config.bias = False  # a bias-free checkpoint (ours with bias=False)
         dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
-        model = cls(config)
+        model = cls(config).to(dtype)
         model.load_state_dict({k: v.astype(dtype, copy=False) for k, v in state.items()})
         return model
 

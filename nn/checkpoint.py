@@ -192,7 +192,7 @@ def _check_entry(path: Path, name: str, info: Any) -> tuple[str, tuple[int, ...]
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
         raise CheckpointError(f"{path}: malformed header entry for {name!r}: {info!r}")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if dtype not in _DTYPES and dtype != "BF16":
+    if not isinstance(dtype, str) or (dtype not in _DTYPES and dtype != "BF16"):
         raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype!r}")
     ints = shape + offsets if isinstance(shape, list) and isinstance(offsets, list) else None
     if ints is None or len(offsets) != 2 or not all(type(x) is int and x >= 0 for x in ints):
