@@ -53,6 +53,95 @@ def _on_last_axis(kernel, axis: int, *arrays: np.ndarray):
     return np.moveaxis(moved, -1, axis)
 
 
+# --- linear layer (notes 3.2, 10.4) -------------------------------------------------------------
+
+
+class Linear(Function):
+    # out = x @ W + b over the last axis of x (any leading dims), as one 2-d product:
+    # dx = g @ W^T;  dW = x^T g;  db = sum of g over rows      (notes 10.4)
+    # Flattening the leading dims turns dW into a single (in, N) @ (N, out) GEMM instead of a
+    # batched product followed by a sum.
+    def forward(self, x, weight, bias=None):
+        if x.shape[-1] != weight.shape[0]:
+            raise ValueError(
+                f"linear: x's last dimension {x.shape[-1]} must equal weight's in_features "
+                f"{weight.shape[0]} (x {x.shape}, weight {weight.shape})"
+            )
+        x2 = x.reshape(-1, x.shape[-1])
+        out = x2 @ weight
+        if bias is not None:
+            out += bias
+        self.save_for_backward(x2, weight, x.shape, bias is not None)
+        return out.reshape(x.shape[:-1] + (weight.shape[1],))
+
+    def backward(self, g):
+        x2, weight, x_shape, has_bias = self.saved
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = (g2 @ weight.T).reshape(x_shape)
+        gw = x2.T @ g2
+        return (gx, gw, g2.sum(axis=0)) if has_bias else (gx, gw)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight + bias with weight (in, out) (notes 3.2), for x of any shape (..., in)."""
+    if weight.ndim != 2 or (bias is not None and bias.shape != weight.shape[1:]):
+        raise ValueError(
+            f"linear: weight must be (in, out) and bias (out,), got weight {weight.shape}, "
+            f"bias {None if bias is None else bias.shape}"
+        )
+    if bias is None:
+        return Linear.apply(x, weight)
+    return Linear.apply(x, weight, bias)
+
+
+# --- rotary positions (notes 8.6) ---------------------------------------------------------------
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate each coordinate pair (x[..., r], x[..., r + D/2]) by the angle whose cos/sin given."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    out = np.empty_like(x)
+    out[..., :half] = x1 * cos - x2 * sin
+    out[..., half:] = x1 * sin + x2 * cos
+    return out
+
+
+class Rotary(Function):
+    # Rotary position embedding (notes 8.6): position p turns the pair (x1_r, x2_r) by p * w_r:
+    #   y1 = x1 cos - x2 sin,  y2 = x1 sin + x2 cos.
+    # A rotation is orthogonal, so its VJP is the inverse rotation (angle -p * w_r):
+    #   dx1 = g1 cos + g2 sin,  dx2 = -g1 sin + g2 cos.
+    def forward(self, x, cos=None, sin=None):
+        self.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin)
+
+    def backward(self, g):
+        cos, sin = self.saved
+        return (_rotate(g, cos, -sin),)
+
+
+def rotary_tables(max_len: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, ...]:
+    """cos and sin of p * w_r for positions p < max_len, w_r = base^(-2r / D), r < D/2 (float64)."""
+    if head_dim % 2:
+        raise ValueError(f"rotary: head_dim must be even to form coordinate pairs, got {head_dim}")
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles), np.sin(angles)
+
+
+def apply_rotary(x: Tensor, cos: np.ndarray, sin: np.ndarray, offset: int = 0) -> Tensor:
+    """Rotate x (B, H, T, D) for absolute positions offset .. offset + T - 1 (notes 8.6)."""
+    t = x.shape[-2]
+    if offset + t > cos.shape[0]:
+        raise ValueError(
+            f"rotary: positions up to {offset + t - 1} exceed the table's max_len {cos.shape[0]}"
+        )
+    c = cos[offset : offset + t].astype(x.dtype, copy=False)
+    s = sin[offset : offset + t].astype(x.dtype, copy=False)
+    return Rotary.apply(x, cos=c, sin=s)
+
+
 # --- softmax family (notes 6.2, 7.3, 10.6) ----------------------------------------------------
 
 
@@ -430,16 +519,19 @@ def scaled_dot_product_attention(
 
 
 __all__ = [
+    "apply_rotary",
     "cross_entropy",
     "dropout",
     "embedding",
     "gather",
     "gelu",
     "layer_norm",
+    "linear",
     "log_softmax",
     "logsumexp",
     "relu",
     "rms_norm",
+    "rotary_tables",
     "scaled_dot_product_attention",
     "softmax",
 ]

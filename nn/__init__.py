@@ -6,8 +6,9 @@
 ['weight', 'bias']
 """
 
+from autograd.functional import apply_rotary, linear, rotary_tables  # the primitives layers use
 from nn import optim
-from nn.attention import Block, CausalSelfAttention, LayerKVCache, apply_rotary, rotary_tables
+from nn.attention import Block, CausalSelfAttention, LayerKVCache
 from nn.checkpoint import (
     CheckpointError,
     join_optimizer_state,
@@ -27,7 +28,6 @@ from nn.layers import (
     Linear,
     ReLU,
     RMSNorm,
-    linear,
 )
 from nn.module import Module, ModuleList, Parameter, Sequential
 from nn.optim import clip_grad_norm_
