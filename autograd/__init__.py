@@ -12,6 +12,7 @@ array([[2., 2., 2.],
 
 from autograd import trace  # noqa: F401  (registers the tracer of backward(trace=True))
 from autograd.anomaly import AnomalyError, detect_anomaly
+from autograd.compiler import TraceError, compile
 from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck
 from autograd.ops import concat, stack, where
 from autograd.tensor import (
@@ -31,6 +32,8 @@ __all__ = [
     "GradcheckError",
     "GradcheckResult",
     "Tensor",
+    "TraceError",
+    "compile",
     "concat",
     "detect_anomaly",
     "enable_grad",

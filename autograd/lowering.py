@@ -1,0 +1,396 @@
+"""How a compiled step runs the ops it knows: into arena buffers, with `out=` (autograd/plan.py).
+
+Each lowering is the op's own arithmetic (the same numpy calls or the same Numba kernel loops as
+autograd/ops.py, autograd/functional.py and autograd/kernels), only writing into buffers planned
+once, so a replay without fusion equals eager bit for bit. An op without a lowering here replays
+its own forward / VJP. `forward(plan, node, position)` and `backward(...)` return
+(closure, note) or (None, None) for "not lowered".
+
+Fusion (on by default): AdamW / Adam as one Numba loop over a flat parameter buffer, with the
+gradients written straight into the matching flat gradient buffer (`fused_optimizer`). Its
+arithmetic is eager AdamW's, operation for operation in the parameter dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from autograd import functional as F
+from autograd import kernels
+from autograd import ops
+
+Lowered = tuple[Callable[[], None] | None, str | None]
+
+_VIEWS = (ops.Reshape, ops.Transpose, ops.GetItem)
+
+
+def _basic_view(node: Any) -> bool:
+    """Reshape / Transpose / basic indexing whose traced output viewed its input (no copy)."""
+    fn = node.fn
+    if not isinstance(fn, _VIEWS) or node.view_of is None or node.view_of is not node.inputs[0]:
+        return False
+    return not isinstance(fn, ops.GetItem) or ops._is_basic_index(node.params.get("index"))
+
+
+def view_input(node: Any) -> Any:
+    """The input whose buffer a lowered view op's output shares (None if not a view)."""
+    return node.inputs[0] if _basic_view(node) else None
+
+
+def _numba() -> bool:
+    return kernels.get_backend() == "numba"
+
+
+# --- forward ------------------------------------------------------------------------------------
+
+
+def forward(plan: Any, node: Any, position: int) -> Lowered:
+    fn = node.fn
+    if _basic_view(node):
+        return _view_forward(plan, node)
+    lower = _FORWARD.get(type(fn))
+    if lower is None or (type(fn) in _NEEDS_NUMBA and not _numba()):
+        return None, None
+    out = plan.buffer(node.out, position)
+    plan.vals[node.out.id] = out
+    return lower(plan, node, out)
+
+
+def _view_forward(plan: Any, node: Any) -> Lowered:
+    # The view is made once, at plan time: its input buffer never moves.
+    vals, i, fn = plan.vals, node.inputs[0].id, node.fn
+    vals[node.out.id] = fn.forward(vals[i], **node.params)
+    return (lambda: None), "view of its input's buffer (made once)"
+
+
+def _linear_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    vals = plan.vals
+    ids = [v.id for v in node.inputs]
+    out2 = out.reshape(-1, out.shape[-1])
+
+    def run() -> None:
+        x = vals[ids[0]]
+        np.matmul(x.reshape(-1, x.shape[-1]), vals[ids[1]], out=out2)
+        if len(ids) == 3:
+            np.add(out2, vals[ids[2]], out=out2)
+
+    return run, "np.matmul(out=) + bias in place"
+
+
+def _add_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    vals, (a, b) = plan.vals, (v.id for v in node.inputs)
+    return (lambda: np.add(vals[a], vals[b], out=out)), "np.add(out=)"
+
+
+def _embedding_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    vals, w = plan.vals, node.inputs[0].id
+    idx = plan._input_arrays.get(id(node.params["idx"]), node.params["idx"])
+    return (lambda: np.take(vals[w], idx, axis=0, out=out)), "np.take(out=)"
+
+
+def _layer_norm_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    from autograd.kernels import layernorm
+
+    vals, (x, w, b) = plan.vals, (v.id for v in node.inputs)
+    eps = float(node.params.get("eps", 1e-5))
+    c = out.shape[-1]
+    rows = out.size // c
+    mean, rstd = np.empty(rows, np.float64), np.empty(rows, np.float64)
+    node.stats = (mean, rstd)  # read by the backward
+    out2 = out.reshape(rows, c)
+
+    def run() -> None:
+        layernorm._layer_norm_rows(
+            out.size, vals[x].reshape(rows, c), vals[w], vals[b], eps, out2, mean, rstd
+        )
+
+    return run, "Numba kernel into out, mean/rstd kept"
+
+
+def _gelu_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    from autograd.kernels import gelu
+
+    if node.params.get("approximate", "tanh") != "tanh":
+        return None, None
+    vals, x = plan.vals, node.inputs[0].id
+    t = np.empty_like(out)
+    node.stats = t  # tanh(u), read by the backward
+    flat_out, flat_t = out.reshape(-1), t.reshape(-1)
+    return (
+        lambda: gelu._gelu_values(out.size, vals[x].reshape(-1), flat_out, flat_t)
+    ), "Numba kernel into out, tanh kept"
+
+
+_FORWARD = {
+    F.Linear: _linear_forward,
+    ops.Add: _add_forward,
+    F.Embedding: _embedding_forward,
+    F.LayerNorm: _layer_norm_forward,
+    F.Gelu: _gelu_forward,
+}
+_NEEDS_NUMBA = {F.LayerNorm, F.Gelu}
+
+
+# --- backward -----------------------------------------------------------------------------------
+
+
+def backward(plan: Any, node: Any, position: int) -> Lowered:
+    fn = node.fn
+    if _basic_view(node):
+        lower = _view_backward
+    else:
+        lower = _BACKWARD.get(type(fn))
+        if lower is None or not plan.lowered_forward(node):
+            return None, None
+    return lower(plan, node, position)
+
+
+def _then(*posts: Any) -> Callable[[], None]:
+    posts = tuple(p for p in posts if p is not None)
+    return lambda: [p() for p in posts]
+
+
+def _view_backward(plan: Any, node: Any, position: int) -> Lowered:
+    x = node.inputs[0]
+    if not x.requires_grad:
+        return (lambda: None), "no gradient needed"
+    g = plan.grads[node.out.id]
+    fn = node.fn
+    if isinstance(fn, ops.GetItem):
+        index = node.params["index"]
+        first = x.id not in plan.has_grad
+        gx = plan.grad_buffer(x, position)
+
+        def run_index() -> None:
+            if first:
+                gx.fill(0)
+                gx[index] = g
+            else:
+                gx[index] += g
+
+        return run_index, "scatter into the input's gradient"
+    target = plan.grad_target(x, x.shape, position)
+    if isinstance(fn, ops.Reshape):
+        return (lambda: target(g.reshape(x.shape))), "reshape into the input's gradient"
+    inverse = tuple(np.argsort(fn.saved[0] if fn.saved else node.params["axes"]))
+    return (lambda: target(np.transpose(g, inverse))), "transpose into the input's gradient"
+
+
+def _linear_backward(plan: Any, node: Any, position: int) -> Lowered:
+    vals, g = plan.vals, plan.grads[node.out.id]
+    x, w = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) == 3 else None
+    g2 = g.reshape(-1, g.shape[-1])
+    n = g2.shape[0]
+    steps = []
+    if x.requires_grad:
+        gx, post = plan.contribution(x, (n, x.shape[-1]), position)
+        steps.append((lambda gx=gx: np.matmul(g2, vals[w.id].T, out=gx), post))
+    if w.requires_grad:
+        gw, post = plan.contribution(w, w.shape, position)
+        xid = x.id
+
+        def weight(gw=gw) -> None:
+            xv = vals[xid]
+            np.matmul(xv.reshape(-1, xv.shape[-1]).T, g2, out=gw)
+
+        steps.append((weight, post))
+    if bias is not None and bias.requires_grad:
+        gb, post = plan.contribution(bias, bias.shape, position)
+        steps.append((lambda gb=gb: np.sum(g2, axis=0, out=gb), post))
+
+    def run() -> None:
+        for step, post in steps:
+            step()
+            if post is not None:
+                post()
+
+    return run, "np.matmul(out=) into the gradient buffers"
+
+
+def _add_backward(plan: Any, node: Any, position: int) -> Lowered:
+    g = plan.grads[node.out.id]
+    targets = []
+    for v in node.inputs:
+        if not v.requires_grad:
+            continue
+        target = plan.grad_target(v, v.shape, position)
+        if v.shape == g.shape:
+            targets.append((target, None))
+        else:  # numpy broadcasting: summed back to v's shape, as autograd.tensor.unbroadcast
+            targets.append((target, v.shape))
+
+    def run() -> None:
+        for target, shape in targets:
+            target(g if shape is None else ops.unbroadcast(g, shape))
+
+    return run, "gradient copied / added into the inputs' buffers"
+
+
+def _embedding_backward(plan: Any, node: Any, position: int) -> Lowered:
+    w = node.inputs[0]
+    if not w.requires_grad:
+        return (lambda: None), "no gradient needed"
+    g = plan.grads[node.out.id]
+    idx = plan._input_arrays.get(id(node.params["idx"]), node.params["idx"])
+    target = plan.grad_target(w, w.shape, position)
+    return (lambda: target(kernels.embedding_backward(idx, g, w.shape[0]))), "kernel, then added"
+
+
+def _layer_norm_backward(plan: Any, node: Any, position: int) -> Lowered:
+    from autograd.kernels import layernorm
+
+    vals, g = plan.vals, plan.grads[node.out.id]
+    x, w, b = node.inputs
+    mean, rstd = node.stats
+    c = g.shape[-1]
+    rows = g.size // c
+    chunks = min(layernorm.GRAD_CHUNKS, rows)
+    gw_part, gb_part = np.zeros((chunks, c)), np.zeros((chunks, c))
+    gw64, gb64 = np.empty(c), np.empty(c)
+    gx, post_x = plan.contribution(x, (rows, c), position)
+    gw, post_w = plan.contribution(w, (c,), position)
+    gb, post_b = plan.contribution(b, (c,), position)
+    g2 = g.reshape(rows, c)
+    post = _then(post_x, post_w, post_b)
+
+    def run() -> None:
+        gw_part.fill(0)
+        gb_part.fill(0)
+        xv = vals[x.id].reshape(rows, c)
+        layernorm._layer_norm_backward_chunks(
+            g.size, g2, xv, vals[w.id], mean, rstd, gx, gw_part, gb_part
+        )
+        np.copyto(gw, np.sum(gw_part, axis=0, out=gw64), casting="same_kind")
+        np.copyto(gb, np.sum(gb_part, axis=0, out=gb64), casting="same_kind")
+        post()
+
+    return run, "Numba kernel into the gradient buffers"
+
+
+def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
+    from autograd.kernels import gelu
+
+    vals, g, x = plan.vals, plan.grads[node.out.id], node.inputs[0]
+    t = node.stats
+    gx, post = plan.contribution(x, (g.size,), position)
+    g1, t1 = g.reshape(-1), t.reshape(-1)
+
+    def run() -> None:
+        gelu._gelu_grads(g.size, g1, vals[x.id].reshape(-1), t1, gx)
+        if post is not None:
+            post()
+
+    return run, "Numba kernel into the gradient buffer"
+
+
+_BACKWARD = {
+    F.Linear: _linear_backward,
+    ops.Add: _add_backward,
+    F.Embedding: _embedding_backward,
+    F.LayerNorm: _layer_norm_backward,
+    F.Gelu: _gelu_backward,
+}
+
+
+# --- fusion: the optimizer over one flat buffer -----------------------------------------------
+
+
+def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[], None] | None:
+    """AdamW / Adam as one loop per parameter group over flat buffers, or None (not fusable:
+    then the optimizer's own step() is replayed). Called before the program is built: the
+    parameters move into the flat buffer and their gradient buffers are views of the flat one,
+    so that the backward writes the gradients where the update reads them."""
+    from nn.optim import Adam  # nn sits above autograd; imported only when a step is planned
+
+    if type(optimizer).__name__ not in ("Adam", "AdamW") or not isinstance(optimizer, Adam):
+        return None
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    leaf_of = {id(v.tensor): v for v in plan.leaves}
+    if any(id(p) not in leaf_of or leaf_of[id(p)].id not in with_grad for p in params):
+        return None  # a parameter without a gradient this step: eager skips it; keep eager
+    dtypes = {p.dtype for p in params}
+    steps = {optimizer.state.get(p, {}).get("step", 0) for p in params}
+    if len(dtypes) != 1 or len(steps) != 1:
+        return None
+    dtype = dtypes.pop()
+    total = sum(p.size for p in params)
+    flat = {name: np.zeros(total, dtype) for name in ("param", "grad", "exp_avg", "exp_avg_sq")}
+    offset, ranges = 0, []
+    for group in optimizer.param_groups:
+        start = offset
+        for p in group["params"]:
+            view = lambda name, o=offset, p=p: flat[name][o : o + p.size].reshape(p.shape)
+            np.copyto(view("param"), p.data)
+            p.data = view("param")  # the parameter now lives in the flat buffer
+            plan.vals[leaf_of[id(p)].id] = p.data
+            plan.grads[leaf_of[id(p)].id] = view("grad")
+            state = optimizer.state.setdefault(p, {})
+            for name in ("exp_avg", "exp_avg_sq"):
+                if name in state:
+                    np.copyto(view(name), state[name])
+                state[name] = view(name)
+            state.setdefault("step", 0)
+            offset += p.size
+        ranges.append((group, slice(start, offset)))
+    kernel = _adam_kernel()
+    decoupled = optimizer.decoupled
+    step_count = [steps.pop()]
+    s = dtype.type
+
+    def run() -> None:
+        step_count[0] += 1
+        t = step_count[0]
+        for group, where in ranges:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            kernel(
+                flat["param"][where],
+                flat["grad"][where],
+                flat["exp_avg"][where],
+                flat["exp_avg_sq"][where],
+                s(1.0 - lr * wd if decoupled else 1.0),
+                s(0.0 if decoupled else wd),
+                s(b1),
+                s(1.0 - b1),
+                s(b2),
+                s(1.0 - b2),
+                s(np.sqrt(1.0 - b2**t)),
+                s(eps),
+                s(lr / (1.0 - b1**t)),
+            )
+        for p in params:
+            optimizer.state[p]["step"] = t
+
+    run.note = (
+        f"{type(optimizer).__name__} fused: one Numba loop over a flat buffer of "
+        f"{len(params)} parameters ({total:,} values), {len(ranges)} groups"
+    )
+    return run
+
+
+_ADAM = None
+
+
+def _adam_kernel() -> Any:
+    """Eager Adam(W)'s arithmetic for one element, each operation rounded in the dtype."""
+    global _ADAM
+    if _ADAM is None:
+        import numba
+
+        @numba.njit(parallel=True, cache=True)
+        def adam(p, g, m, v, decay, l2, b1, one_b1, b2, one_b2, root_c2, eps, step_size):
+            for i in numba.prange(p.size):
+                gi = g[i] + l2 * p[i] if l2 != 0 else g[i]
+                pi = p[i] * decay
+                mi = m[i] * b1 + one_b1 * gi
+                vi = v[i] * b2 + one_b2 * (gi * gi)
+                denom = np.sqrt(vi) / root_c2 + eps
+                m[i] = mi
+                v[i] = vi
+                p[i] = pi - (mi / denom) * step_size
+
+        _ADAM = adam
+    return _ADAM
