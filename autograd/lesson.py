@@ -595,10 +595,12 @@ def _grads_step(
             continue
         marked.append(lesson.node_of(t))
         g = _total(terms)
-        if len(terms) > 1:
+        label = f"{_label(t, names)}.grad {_shape(t)}"
+        if len(terms) > 1:  # each contribution, then their sum
             rows += _terms(terms, g)[:-1]
+            label += " = " + " + ".join(f"g{i}" for i in range(1, len(terms) + 1))
         note = "" if priors.get(id(t)) is None else "added to the .grad it already had"
-        rows.append(Row(f"{_label(t, names)}.grad {_shape(t)}", fmt(g), note))
+        rows.append(Row(label, fmt(g), note))
     return Step(
         "grads",
         "The leaves' gradients",
