@@ -17,6 +17,7 @@ from __future__ import annotations
 import html
 import inspect
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
@@ -261,7 +262,7 @@ def _walk(output: Tensor) -> list[Tensor]:
     return order
 
 
-def _layout(nodes: list[Node], edges: list[tuple[int, int, int]]) -> list[list[int | None]]:
+def _layout(nodes: list[Node], edges: list[tuple[int, int, int]]) -> list[list[float]]:
     """Sets each node's layer and x; returns, per edge, the x where it crosses each layer between.
 
     A small Sugiyama layout: layers by longest path (a leaf sits just above its first user), a
@@ -443,7 +444,7 @@ def _inputs(fn: Function, names: dict[int, str]) -> list[Row]:
     ]
 
 
-def _where(fn: Function, names: dict[int, str], gradient: bool) -> str:
+def _here(fn: Function, names: dict[int, str], gradient: bool) -> str:
     args = _argument_names(fn, len(fn.inputs))
     here = ", ".join(f"{a} = {_label(t, names)}" for a, t in zip(args, fn.inputs, strict=True))
     return f"Here {here}" + ("; g is the gradient arriving." if gradient else ".")
@@ -485,7 +486,7 @@ def _forward_step(
         node=lesson.node_of(t),
         edges=_in_edges(lesson, t),
         formulas=_formulas(doc),
-        text=[_where(fn, names, gradient=False)] + (doc.notes if doc else []),
+        text=[_here(fn, names, gradient=False)] + (doc.notes if doc else []),
         blocks=[
             ("Inputs", _inputs(fn, names)),
             ("Output", [Row(f"{_label(t, names)} {_shape(t)} {t.dtype}", fmt(t.data))]),
@@ -530,7 +531,7 @@ def _backward_steps(
             # the edges the gradients leave by, and those several contributions arrived by
             edges=_in_edges(lesson, t) + (_out_edges(lesson, t) if len(terms) > 1 else []),
             formulas=_sum_formula(terms) + _formulas(doc),
-            text=[_where(fn, names, gradient=True)],
+            text=[_here(fn, names, gradient=True)],
             blocks=[(f"Gradient arriving: g = {_d(name)} {_shape(t)}", _terms(terms, g))],
         )
         leaving = []
@@ -656,9 +657,11 @@ def _svg(lesson: Lesson) -> str:
         f'height="{_num(height)}" role="img" aria-label="computation graph">',
         f"<defs>{markers}</defs>",
     ]
+    fan_in = Counter(dst for _, dst, _ in lesson.edges)
     for i, ((src, dst, slot), chain) in enumerate(zip(lesson.edges, chains, strict=True)):
         a, b = lesson.nodes[src], lesson.nodes[dst]
-        inputs = sum(1 for s, d, _ in lesson.edges if d == dst)
+        # each input enters at its own point along the top, in input order (a left of b)
+        inputs = fan_in[dst]
         port = b.x + (slot - (inputs - 1) / 2) * min(14.0, b.width / (inputs + 1))
         points = [(a.x, top(a.layer) + NODE_H)]
         for lay, x in zip(range(a.layer + 1, b.layer), chain, strict=True):
