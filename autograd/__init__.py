@@ -14,6 +14,7 @@ from autograd import trace  # noqa: F401  (registers the tracer of backward(trac
 from autograd.anomaly import AnomalyError, detect_anomaly
 from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck
 from autograd.ops import concat, stack, where
+from autograd.origin import check_packages
 from autograd.tensor import (
     Function,
     Tensor,
@@ -31,6 +32,7 @@ __all__ = [
     "GradcheckError",
     "GradcheckResult",
     "Tensor",
+    "check_packages",
     "concat",
     "detect_anomaly",
     "enable_grad",
