@@ -15,6 +15,7 @@ from autograd.anomaly import AnomalyError, detect_anomaly
 from autograd.compiler import TraceError, compile
 from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck
 from autograd.ops import concat, stack, where
+from autograd.origin import check_packages
 from autograd.tensor import (
     Function,
     Tensor,
@@ -33,6 +34,7 @@ __all__ = [
     "GradcheckResult",
     "Tensor",
     "TraceError",
+    "check_packages",
     "compile",
     "concat",
     "detect_anomaly",

@@ -6,6 +6,13 @@
 ['weight', 'bias']
 """
 
+try:  # HIPS autograd (or a folder named autograd) has no check_packages
+    from autograd import check_packages
+except ImportError as exc:
+    raise ImportError(
+        "glassgrad: 'import autograd' did not find glassgrad's engine (HIPS autograd has the same "
+        "name): pip uninstall autograd, or rename the folder; see the README, Install"
+    ) from exc
 from autograd.functional import apply_rotary, linear, rotary_tables  # the primitives layers use
 from nn import optim
 from nn.attention import Block, CausalSelfAttention, LayerKVCache
@@ -62,3 +69,5 @@ __all__ = [
     "save_safetensors",
     "split_optimizer_state",
 ]
+
+check_packages("autograd", "nn")  # no folder of the same name may shadow glassgrad's
