@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 
 from autograd import functional as F
-from autograd import kernels
-from autograd import ops
+from autograd import kernels, ops
 
 Lowered = tuple[Callable[[], None] | None, str | None]
 
