@@ -68,7 +68,12 @@ def _glassgrad_step(config: Any, threads: int | None, compiled: bool) -> tuple[C
         return loss
 
     run = autograd.compile(step) if compiled else step
-    return (lambda: float(run(x, y).item())), model
+
+    def once() -> float:
+        return float(run(x, y).item())
+
+    once.plan = lambda: run.plan_for(x, y) if compiled else None
+    return once, model
 
 
 def _torch_step(config: Any, threads: int | None, compiled: bool) -> tuple[Callable, Any]:
@@ -142,7 +147,9 @@ def run(framework: str, config_name: str, threads: int | None, steps: int, warmu
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
+    plan = getattr(step, "plan", lambda: None)()
     return {
+        "trace_plan_s": None if plan is None else plan.trace_s + plan.plan_s,
         "framework": framework,
         "config": config_name,
         "loss0": loss0,

@@ -33,7 +33,9 @@ def _restore_dtype():
 
 def _setup(dtype, dropout=0.0):
     autograd.set_default_dtype(dtype)
-    config = GPTConfig(vocab_size=17, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=dropout)
+    config = GPTConfig(
+        vocab_size=17, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=dropout
+    )
     model = GPT(config, rng=np.random.default_rng(0))
     decay = [p for p in model.parameters() if p.ndim == 2]
     other = [p for p in model.parameters() if p.ndim != 2]
