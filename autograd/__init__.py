@@ -12,10 +12,11 @@ array([[2., 2., 2.],
 
 from autograd import trace  # noqa: F401  (registers the tracer of backward(trace=True))
 from autograd.anomaly import AnomalyError, detect_anomaly
-from autograd.compiler import TraceError, compile
+from autograd.compiler import compile
 from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck
 from autograd.ops import concat, stack, where
 from autograd.origin import check_packages
+from autograd.recorder import TraceError
 from autograd.tensor import (
     Function,
     Tensor,

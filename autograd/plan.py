@@ -1,6 +1,6 @@
 """The plan of a compiled step: slots, an arena planned from liveness, and the replay program.
 
-Built once from a Recorder (autograd/compiler.py). Every value of the trace has a slot in `vals`
+Built once from a Recorder (autograd/recorder.py). Every value of the trace has a slot in `vals`
 (its forward array) and, if it needs one, in `grads`; both hold fixed buffers: arguments are
 copied into their own buffers at the start of each replay, leaves are the parameters' arrays,
 and op outputs and gradients live in arena buffers. The replay program is a flat list of
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from autograd import lowering
-from autograd.compiler import Node, Recorder, TraceError, Value
+from autograd.recorder import Node, Recorder, Value
 from autograd.tensor import Tensor
 
 FOREVER = math.inf
@@ -362,4 +362,4 @@ def _shape(v: Value) -> str:
     return f"{tuple(v.shape)} {v.dtype}"
 
 
-__all__ = ["Arena", "Plan", "TraceError"]
+__all__ = ["Arena", "Plan"]
