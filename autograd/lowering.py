@@ -118,8 +118,9 @@ def _gelu_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     t = np.empty_like(out)
     node.stats = t  # tanh(u), read by the backward
     flat_out, flat_t = out.reshape(-1), t.reshape(-1)
+    s, a_s, _ = gelu.constants(out.dtype)
     return (
-        lambda: gelu._gelu_values(out.size, vals[x].reshape(-1), flat_out, flat_t)
+        lambda: gelu._gelu_values(out.size, vals[x].reshape(-1), flat_out, flat_t, s, a_s)
     ), "Numba kernel into out, tanh kept"
 
 
@@ -277,9 +278,10 @@ def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
     t = node.stats
     gx, post = plan.contribution(x, (g.size,), position)
     g1, t1 = g.reshape(-1), t.reshape(-1)
+    s, _, a3_s = gelu.constants(g.dtype)
 
     def run() -> None:
-        gelu._gelu_grads(g.size, g1, vals[x.id].reshape(-1), t1, gx)
+        gelu._gelu_grads(g.size, g1, vals[x.id].reshape(-1), t1, gx, s, a3_s)
         if post is not None:
             post()
 

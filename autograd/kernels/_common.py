@@ -76,8 +76,12 @@ class Kernel:
         )
         serial.__qualname__ = fn.__qualname__ + "_serial"
         self.__doc__ = fn.__doc__
-        self.parallel = numba.njit(parallel=True, cache=True, fastmath=FASTMATH)(fn)
-        self.serial = numba.njit(parallel=False, cache=True, fastmath=FASTMATH)(serial)
+        # error_model="numpy": a division by zero gives inf/NaN as in numpy, instead of a Python
+        # ZeroDivisionError check per division, a branch that stops LLVM from vectorising the
+        # loop (the GELU forward ran 6x slower with it).
+        options = {"cache": True, "fastmath": FASTMATH, "error_model": "numpy"}
+        self.parallel = numba.njit(parallel=True, **options)(fn)
+        self.serial = numba.njit(parallel=False, **options)(serial)
 
     def __call__(self, work, *args):
         if work < PARALLEL_MIN_WORK:
