@@ -79,6 +79,13 @@ def _linear_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     return run, "np.matmul(out=) + bias in place"
 
 
+def _reshape_copy_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    # A reshape that numpy had to copy (its input was a transposed view): the same C-order copy
+    vals, x = plan.vals, node.inputs[0]
+    target = out.reshape(x.shape)
+    return (lambda: np.copyto(target, vals[x.id])), "copy into out (a reshape of a strided view)"
+
+
 def _add_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     vals, (a, b) = plan.vals, (v.id for v in node.inputs)
     return (lambda: np.add(vals[a], vals[b], out=out)), "np.add(out=)"
@@ -125,6 +132,7 @@ def _gelu_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
 
 
 _FORWARD = {
+    ops.Reshape: _reshape_copy_forward,
     F.Linear: _linear_forward,
     ops.Add: _add_forward,
     F.Embedding: _embedding_forward,
@@ -157,6 +165,9 @@ def _view_backward(plan: Any, node: Any, position: int) -> Lowered:
     x = node.inputs[0]
     if not x.requires_grad:
         return (lambda: None), "no gradient needed"
+    if node.out.id in plan.aliased:
+        plan.has_grad.add(x.id)  # complete once every view's consumers have written theirs
+        return (lambda: None), "nothing to do: its gradient is a view of its input's"
     g = plan.grads[node.out.id]
     fn = node.fn
     if isinstance(fn, ops.GetItem):
@@ -209,6 +220,15 @@ def _linear_backward(plan: Any, node: Any, position: int) -> Lowered:
                 post()
 
     return run, "np.matmul(out=) into the gradient buffers"
+
+
+def _reshape_copy_backward(plan: Any, node: Any, position: int) -> Lowered:
+    x = node.inputs[0]
+    if not x.requires_grad:
+        return (lambda: None), "no gradient needed"
+    g = plan.grads[node.out.id]
+    target = plan.grad_target(x, x.shape, position)
+    return (lambda: target(g.reshape(x.shape))), "copy into the input's gradient"
 
 
 def _add_backward(plan: Any, node: Any, position: int) -> Lowered:
@@ -289,6 +309,7 @@ def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
 
 
 _BACKWARD = {
+    ops.Reshape: _reshape_copy_backward,
     F.Linear: _linear_backward,
     ops.Add: _add_backward,
     F.Embedding: _embedding_backward,

@@ -99,6 +99,7 @@ class Plan:
             elif v.kind == "leaf":
                 self.vals[v.id] = v.tensor._data
         returned = _result_values(result, rec.values)
+        self.returned = {v.id for v in returned}
         self._liveness(rec, returned)
         self.fused: dict[int, Callable[[], None]] = {}
         if fusion:
@@ -147,7 +148,12 @@ class Plan:
     def _build(self, rec: Recorder) -> None:
         self.release_at: dict[int, list[np.ndarray]] = {}
         self.has_grad: set[int] = set()
+        self.aliased: set[int] = set()  # gradients that are views of another value's gradient
         self.lowered: set[int] = set()
+        self.consumers: dict[int, list[Node]] = {}
+        for node in rec.nodes:
+            for v in node.inputs:
+                self.consumers.setdefault(v.id, []).append(node)
         for entry in rec.program:
             kind = entry[0]
             if kind == "op":
@@ -226,10 +232,9 @@ class Plan:
             self.program.append(step)
             self.lines.append(f"bwd  {position:4d} {node.name:<14} <- {_shape(node.out)}  {note}")
             self._end_of(position)
-            if node.out.id != root.id and self.grads[node.out.id] is not None:
-                buf = self.grads[node.out.id]
-                if node.out.kind == "op":
-                    self.arena.release(buf)
+            out = node.out.id
+            if out != root.id and self.grads[out] is not None and out not in self.aliased:
+                self.arena.release(self.grads[out])
         self.program.append(self._set_leaf_grads())
         self.lines.append("leaf .grad = its gradient buffer (parameters)")
 
@@ -257,16 +262,50 @@ class Plan:
             return lambda g: np.copyto(view, g)
         return lambda g: np.add(view, g, out=view)
 
-    def grad_buffer(self, v: Value, position: int) -> np.ndarray:
-        """v's gradient buffer (taken from the arena on its first contribution)."""
-        if v.id not in self.has_grad:
+    def grad_buffer(self, v: Value, position: int, first: bool = True) -> np.ndarray:
+        """v's gradient buffer (taken from the arena on its first contribution).
+
+        The gradient of a view whose input has only views as consumers (qkv[0], qkv[1], qkv[2]
+        of one reshaped, transposed projection) is that same view of the input's gradient
+        buffer: the VJPs write straight into the projection's gradient, and the view's own
+        backward (a scatter or a transposed copy) has nothing left to do.
+        """
+        if first and v.id not in self.has_grad:
             self.has_grad.add(v.id)
-            if v.kind == "leaf":  # a parameter's own buffer (a flat view when fused)
-                if self.grads[v.id] is None:
-                    self.grads[v.id] = np.empty(v.shape, v.dtype)
+        if self.grads[v.id] is None:
+            base = self._alias_base(v)
+            if base is not None:
+                base_buf = self.grad_buffer(base, position, first=False)
+                node = v.node
+                self.grads[v.id] = node.fn.forward(base_buf, **node.params)
+                self.aliased.add(v.id)
+            elif v.kind == "leaf":  # a parameter's own buffer (a flat view when fused)
+                self.grads[v.id] = np.empty(v.shape, v.dtype)
             else:
                 self.grads[v.id] = self.arena.take(v.shape, v.dtype)
         return self.grads[v.id]
+
+    def _alias_base(self, v: Value) -> Value | None:
+        """The input whose gradient buffer v's gradient can be a view of (see grad_buffer)."""
+        node = v.node
+        if node is None or lowering.view_input(node) is None:
+            return None
+        x = node.inputs[0]
+        consumers = self.consumers.get(x.id, [])
+        if not x.requires_grad or x.kind != "op" or x.id in self.returned:
+            return None
+        # every consumer a view of x whose backward runs (so that each region gets written)
+        if any(lowering.view_input(c) is not x or id(c) not in self.pos_b for c in consumers):
+            return None
+        if len(consumers) == 1:
+            return x
+        # several views: only disjoint integer indices that cover the first axis
+        indices = [c.params.get("index") for c in consumers]
+        if all(isinstance(c.fn, lowering.ops.GetItem) for c in consumers) and sorted(
+            i for i in indices if isinstance(i, int)
+        ) == list(range(x.shape[0])):
+            return x
+        return None
 
     def contribution(self, v: Value, shape: tuple, position: int) -> tuple[np.ndarray, Any]:
         """(array to write v's contribution into, then-what): the gradient buffer itself for the
