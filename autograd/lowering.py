@@ -53,6 +53,9 @@ def forward(plan: Any, node: Any, position: int) -> Lowered:
     lower = _FORWARD.get(type(fn))
     if lower is None or (type(fn) in _NEEDS_NUMBA and not _numba()):
         return None, None
+    accepts = _ACCEPTS.get(type(fn))
+    if accepts is not None and not accepts(plan, node):
+        return None, None
     out = plan.buffer(node.out, position)
     plan.vals[node.out.id] = out
     return lower(plan, node, out)
@@ -119,8 +122,6 @@ def _layer_norm_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
 def _gelu_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     from autograd.kernels import gelu
 
-    if node.params.get("approximate", "tanh") != "tanh":
-        return None, None
     vals, x = plan.vals, node.inputs[0].id
     t = np.empty_like(out)
     node.stats = t  # tanh(u), read by the backward
@@ -131,7 +132,44 @@ def _gelu_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     ), "Numba kernel into out, tanh kept"
 
 
+def _fused_attention(plan: Any, node: Any) -> bool:
+    """Self-attention (Tq = Tk, Dv = D) with fusion on: run by _attention_forward."""
+    q, k, v = node.inputs
+    return plan.fusion and q.shape == k.shape == v.shape
+
+
+def _attention_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    # Fusion (not eager's blocked kernel): S = q k^T for all key positions, P = softmax(S scale)
+    # in place (causal: the future set to 0) kept for the backward, o = P v. Batched np.matmul
+    # over the heads on the strided q/k/v views of the qkv projection: no copies of q, k, v.
+    from autograd.kernels import attention
+
+    vals, (q, k, v) = plan.vals, (x.id for x in node.inputs)
+    causal = bool(node.params.get("causal", True))
+    B, H, T, D = out.shape
+    probs = plan.arena.take((B, H, T, T), out.dtype)
+    position = plan.pos_f[id(node)]
+    plan._release_after(probs, plan.pos_b.get(id(node), position))
+    lse = np.empty((B * H, T), out.dtype)
+    heads = probs.reshape(B * H, T, T)
+    scale = attention._scale(out)
+    node.stats = (probs, scale)
+
+    def run() -> None:
+        np.matmul(vals[q], vals[k].swapaxes(-1, -2), out=probs)
+        attention._probs_forward(probs.size, heads, scale, causal, 0, lse, 0)
+        np.matmul(probs, vals[v], out=out)
+
+    return run, "fused: q k^T, softmax in place (kept), P v; no copies of q, k, v"
+
+
+_ACCEPTS = {
+    F.Attention: _fused_attention,
+    F.Gelu: lambda plan, node: node.params.get("approximate", "tanh") == "tanh",
+}
+
 _FORWARD = {
+    F.Attention: _attention_forward,
     ops.Reshape: _reshape_copy_forward,
     F.Linear: _linear_forward,
     ops.Add: _add_forward,
@@ -139,7 +177,7 @@ _FORWARD = {
     F.LayerNorm: _layer_norm_forward,
     F.Gelu: _gelu_forward,
 }
-_NEEDS_NUMBA = {F.LayerNorm, F.Gelu}
+_NEEDS_NUMBA = {F.LayerNorm, F.Gelu, F.Attention}
 
 
 # --- backward -----------------------------------------------------------------------------------
@@ -308,7 +346,51 @@ def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
     return run, "Numba kernel into the gradient buffer"
 
 
+def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
+    # gv = P^T g;  dS = P (dP - rowsum(P dP)), dP = g v^T;  gq = dS k scale;  gk = dS^T q scale
+    from autograd.kernels import softmax
+
+    vals, g = plan.vals, plan.grads[node.out.id]
+    q, k, v = node.inputs
+    probs, scale = node.stats
+    dp = plan.arena.take(probs.shape, probs.dtype)
+    plan.release_at.setdefault(position, []).append(dp)
+    rows = probs.size // probs.shape[-1]
+    p2, dp2 = probs.reshape(rows, -1), dp.reshape(rows, -1)
+    steps = []
+    if v.requires_grad:
+        gv, post = plan.contribution(v, v.shape, position)
+        steps.append((lambda: np.matmul(probs.swapaxes(-1, -2), g, out=gv), post))
+    if q.requires_grad:
+        gq, post = plan.contribution(q, q.shape, position)
+
+        def query() -> None:
+            np.matmul(dp, vals[k.id], out=gq)
+            np.multiply(gq, scale, out=gq)
+
+        steps.append((query, post))
+    if k.requires_grad:
+        gk, post = plan.contribution(k, k.shape, position)
+
+        def key() -> None:
+            np.matmul(dp.swapaxes(-1, -2), vals[q.id], out=gk)
+            np.multiply(gk, scale, out=gk)
+
+        steps.append((key, post))
+
+    def run() -> None:
+        np.matmul(g, vals[v.id].swapaxes(-1, -2), out=dp)
+        softmax._softmax_backward_rows(dp.size, p2, dp2, dp2)  # in place: dS / scale
+        for step, post in steps:
+            step()
+            if post is not None:
+                post()
+
+    return run, "fused: from the kept P, five batched products, one Numba pass"
+
+
 _BACKWARD = {
+    F.Attention: _attention_backward,
     ops.Reshape: _reshape_copy_backward,
     F.Linear: _linear_backward,
     ops.Add: _add_backward,

@@ -165,10 +165,14 @@ class Plan:
                 index = len(self.call_out)
                 self.call_out.append(None)
                 self._call_results[id(result)] = index
-                self.program.append(_recorded_call(self.call_out, index, fn, args))
-                self.lines.append(f"call      {name}")
+                self._emit(_recorded_call(self.call_out, index, fn, args), f"call      {name}")
             elif kind == "optimizer":
                 self._optimizer(entry[1])
+
+    def _emit(self, step: Callable[[], Any], line: str) -> None:
+        """Append one replay step and its line of the printout (program and lines align)."""
+        self.program.append(step)
+        self.lines.append(line)
 
     def buffer(self, v: Value, position: int) -> np.ndarray:
         """An arena buffer for op output v, released after the last position that reads it."""
@@ -193,8 +197,7 @@ class Plan:
         else:
             self._lowered += 1
             self.lowered.add(id(node))
-        self.program.append(step)
-        self.lines.append(f"fwd  {position:4d} {node.name:<14} -> {_shape(node.out)}  {note}")
+        self._emit(step, f"fwd  {position:4d} {node.name:<14} -> {_shape(node.out)}  {note}")
         self._end_of(position)
 
     def lowered_forward(self, node: Node) -> bool:
@@ -229,14 +232,12 @@ class Plan:
             step, note = lowering.backward(self, node, position)
             if step is None:
                 step, note = self._generic_backward(node, position), "replays its own VJP"
-            self.program.append(step)
-            self.lines.append(f"bwd  {position:4d} {node.name:<14} <- {_shape(node.out)}  {note}")
+            self._emit(step, f"bwd  {position:4d} {node.name:<14} <- {_shape(node.out)}  {note}")
             self._end_of(position)
             out = node.out.id
             if out != root.id and self.grads[out] is not None and out not in self.aliased:
                 self.arena.release(self.grads[out])
-        self.program.append(self._set_leaf_grads())
-        self.lines.append("leaf .grad = its gradient buffer (parameters)")
+        self._emit(self._set_leaf_grads(), "leaf .grad = its gradient buffer (parameters)")
 
     def _generic_backward(self, node: Node, position: int) -> Callable[[], None]:
         fn, grads, out = node.fn, self.grads, node.out.id
@@ -330,11 +331,11 @@ class Plan:
     def _optimizer(self, optimizer: Any) -> None:
         step = self.fused.get(id(optimizer))
         if step is None:
-            self.program.append(optimizer.step)
-            self.lines.append(f"call      {type(optimizer).__name__}.step (its own update)")
+            self._emit(
+                optimizer.step, f"call      {type(optimizer).__name__}.step (its own update)"
+            )
         else:
-            self.program.append(step)
-            self.lines.append(f"fused     {step.note}")
+            self._emit(step, f"fused     {step.note}")
 
     # --- replay -------------------------------------------------------------------------------
     def still_valid(self) -> bool:
@@ -347,6 +348,24 @@ class Plan:
         for step in self.program:
             step()
         return self._result(self._result_template)
+
+    def profile(self, args: tuple, reps: int = 5) -> list[tuple[float, str]]:
+        """(median ms, line) of every replay step over `reps` replays, slowest first: where a
+        compiled step spends its time (each step timed alone, so the sum exceeds the replay)."""
+        import time
+
+        times: list[list[float]] = [[] for _ in self.program]
+        for _ in range(reps):
+            for index, buf in self.inputs:
+                np.copyto(buf, args[index])
+            for i, step in enumerate(self.program):
+                start = time.perf_counter()
+                step()
+                times[i].append(time.perf_counter() - start)
+        rows = [
+            (1e3 * float(np.median(t)), line) for t, line in zip(times, self.lines, strict=True)
+        ]
+        return sorted(rows, reverse=True)
 
     def first_result(self, result: Any) -> Any:
         return result  # the traced call's own (eager) result
