@@ -43,6 +43,44 @@ def _numba() -> bool:
     return kernels.get_backend() == "numba"
 
 
+# --- products on two threads ---------------------------------------------------------------------
+# With fusion on and a BLAS allowed >= 2 threads, a replay runs BLAS single-threaded and splits
+# each large product in two halves itself: one on a pool thread, one on the caller. OpenBLAS's own
+# threads spin after each call, and on a busy machine a spinning thread steals the core the other
+# one needs (a (2048, 128) @ (128, 512) product: median 10.0 ms with 2 BLAS threads, 2.6 ms split,
+# load average 2.7); the pool thread sleeps on a queue instead.
+SPLIT_MIN_WORK = 1 << 22  # multiply-adds below which a product runs whole (a split costs ~30 us)
+_POOL: list[Any] = []
+
+
+def _pool() -> Any:
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(1, thread_name_prefix="glassgrad-matmul"))
+    return _POOL[0]
+
+
+def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """np.matmul(a, b, out=out) as two halves on two threads (rows, columns or batch)."""
+    if out.size * a.shape[-1] < SPLIT_MIN_WORK:
+        np.matmul(a, b, out=out)
+        return
+    if out.ndim > 2:  # batched over heads: split the leading axis
+        h = out.shape[0] // 2
+        parts = ((a[:h], b[:h], out[:h]), (a[h:], b[h:], out[h:]))
+    elif out.shape[0] >= out.shape[1]:  # rows
+        h = out.shape[0] // 2
+        parts = ((a[:h], b, out[:h]), (a[h:], b, out[h:]))
+    else:  # columns
+        h = out.shape[1] // 2
+        parts = ((a, b[:, :h], out[:, :h]), (a, b[:, h:], out[:, h:]))
+    (a1, b1, o1), (a2, b2, o2) = parts
+    other = _pool().submit(np.matmul, a1, b1, out=o1)
+    np.matmul(a2, b2, out=o2)
+    other.result()
+
+
 # --- forward ------------------------------------------------------------------------------------
 
 
@@ -69,13 +107,13 @@ def _view_forward(plan: Any, node: Any) -> Lowered:
 
 
 def _linear_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
-    vals = plan.vals
+    vals, matmul = plan.vals, plan.matmul
     ids = [v.id for v in node.inputs]
     out2 = out.reshape(-1, out.shape[-1])
 
     def run() -> None:
         x = vals[ids[0]]
-        np.matmul(x.reshape(-1, x.shape[-1]), vals[ids[1]], out=out2)
+        matmul(x.reshape(-1, x.shape[-1]), vals[ids[1]], out2)
         if len(ids) == 3:
             np.add(out2, vals[ids[2]], out=out2)
 
@@ -144,7 +182,7 @@ def _attention_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     # over the heads on the strided q/k/v views of the qkv projection: no copies of q, k, v.
     from autograd.kernels import attention
 
-    vals, (q, k, v) = plan.vals, (x.id for x in node.inputs)
+    vals, (q, k, v), matmul = plan.vals, (x.id for x in node.inputs), plan.matmul
     causal = bool(node.params.get("causal", True))
     B, H, T, D = out.shape
     probs = plan.arena.take((B, H, T, T), out.dtype)
@@ -156,9 +194,9 @@ def _attention_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     node.stats = (probs, scale)
 
     def run() -> None:
-        np.matmul(vals[q], vals[k].swapaxes(-1, -2), out=probs)
+        matmul(vals[q], vals[k].swapaxes(-1, -2), probs)
         attention._probs_forward(probs.size, heads, scale, causal, 0, lse, 0)
-        np.matmul(probs, vals[v], out=out)
+        matmul(probs, vals[v], out)
 
     return run, "fused: q k^T, softmax in place (kept), P v; no copies of q, k, v"
 
@@ -229,7 +267,7 @@ def _view_backward(plan: Any, node: Any, position: int) -> Lowered:
 
 
 def _linear_backward(plan: Any, node: Any, position: int) -> Lowered:
-    vals, g = plan.vals, plan.grads[node.out.id]
+    vals, g, matmul = plan.vals, plan.grads[node.out.id], plan.matmul
     x, w = node.inputs[0], node.inputs[1]
     bias = node.inputs[2] if len(node.inputs) == 3 else None
     g2 = g.reshape(-1, g.shape[-1])
@@ -237,14 +275,14 @@ def _linear_backward(plan: Any, node: Any, position: int) -> Lowered:
     steps = []
     if x.requires_grad:
         gx, post = plan.contribution(x, (n, x.shape[-1]), position)
-        steps.append((lambda gx=gx: np.matmul(g2, vals[w.id].T, out=gx), post))
+        steps.append((lambda gx=gx: matmul(g2, vals[w.id].T, gx), post))
     if w.requires_grad:
         gw, post = plan.contribution(w, w.shape, position)
         xid = x.id
 
         def weight(gw=gw) -> None:
             xv = vals[xid]
-            np.matmul(xv.reshape(-1, xv.shape[-1]).T, g2, out=gw)
+            matmul(xv.reshape(-1, xv.shape[-1]).T, g2, gw)
 
         steps.append((weight, post))
     if bias is not None and bias.requires_grad:
@@ -350,7 +388,7 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
     # gv = P^T g;  dS = P (dP - rowsum(P dP)), dP = g v^T;  gq = dS k scale;  gk = dS^T q scale
     from autograd.kernels import softmax
 
-    vals, g = plan.vals, plan.grads[node.out.id]
+    vals, g, matmul = plan.vals, plan.grads[node.out.id], plan.matmul
     q, k, v = node.inputs
     probs, scale = node.stats
     dp = plan.arena.take(probs.shape, probs.dtype)
@@ -360,12 +398,12 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
     steps = []
     if v.requires_grad:
         gv, post = plan.contribution(v, v.shape, position)
-        steps.append((lambda: np.matmul(probs.swapaxes(-1, -2), g, out=gv), post))
+        steps.append((lambda: matmul(probs.swapaxes(-1, -2), g, gv), post))
     if q.requires_grad:
         gq, post = plan.contribution(q, q.shape, position)
 
         def query() -> None:
-            np.matmul(dp, vals[k.id], out=gq)
+            matmul(dp, vals[k.id], gq)
             np.multiply(gq, scale, out=gq)
 
         steps.append((query, post))
@@ -373,13 +411,13 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
         gk, post = plan.contribution(k, k.shape, position)
 
         def key() -> None:
-            np.matmul(dp.swapaxes(-1, -2), vals[q.id], out=gk)
+            matmul(dp.swapaxes(-1, -2), vals[q.id], gk)
             np.multiply(gk, scale, out=gk)
 
         steps.append((key, post))
 
     def run() -> None:
-        np.matmul(g, vals[v.id].swapaxes(-1, -2), out=dp)
+        matmul(g, vals[v.id].swapaxes(-1, -2), dp)
         softmax._softmax_backward_rows(dp.size, p2, dp2, dp2)  # in place: dS / scale
         for step, post in steps:
             step()

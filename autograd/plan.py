@@ -88,6 +88,9 @@ class Plan:
         self.inputs: list[tuple[int, np.ndarray]] = []
         self._lowered = 0
         self._generic = 0
+        # fusion: BLAS single-threaded during a replay, large products split over two threads
+        self.blas = _blas_controller() if fusion else None
+        self.matmul = lowering.split_matmul if self.blas is not None else _matmul
         # Each array argument gets a buffer of its own, refilled at the start of every replay;
         # ops read the buffer (as a tensor's data, or as a parameter such as embedding ids).
         for i in sorted(rec.used_args):
@@ -345,8 +348,13 @@ class Plan:
     def replay(self, args: tuple) -> Any:
         for index, buf in self.inputs:
             np.copyto(buf, args[index])
-        for step in self.program:
-            step()
+        if self.blas is None:
+            for step in self.program:
+                step()
+        else:
+            with self.blas.limit(limits=1, user_api="blas"):
+                for step in self.program:
+                    step()
         return self._result(self._result_template)
 
     def profile(self, args: tuple, reps: int = 5) -> list[tuple[float, str]]:
@@ -397,6 +405,24 @@ class Plan:
             f"{(self.arena.requested - self.arena.nbytes) / mib:.1f} MiB)"
         )
         return "\n".join([head, *self.lines, arena])
+
+
+def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.matmul(a, b, out=out)
+
+
+def _blas_controller() -> Any:
+    """threadpoolctl's controller when the BLAS may use >= 2 threads (then a replay splits the
+    products itself, see lowering.split_matmul); None without threadpoolctl or with 1 thread."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    controller = ThreadpoolController()
+    blas = [lib for lib in controller.lib_controllers if lib.user_api == "blas"]
+    if not blas or min(lib.num_threads for lib in blas) < 2:
+        return None
+    return controller
 
 
 def _leaves_with_grad(rec: Recorder) -> set[int]:
