@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from autograd import hooks, kernels
-from autograd.plan import Plan
+from autograd.plan import Plan, single_threaded_blas
 from autograd.recorder import Recorder, TraceError
 from autograd.tensor import Tensor
 
@@ -81,11 +81,13 @@ class CompiledStep:
         recorder = Recorder(args)
         hooks.RECORDER = recorder
         try:
-            result = self.step_fn(*args)
+            with single_threaded_blas(self.fusion):  # as the replay runs (see Plan.replay)
+                result = self.step_fn(*args)
         finally:
             hooks.RECORDER = None
             recorder.in_backward = False
         recorder.check_arguments()
+        _release_freed_memory()  # the eager call's arrays, before the arena is allocated
         traced = time.perf_counter()
         plan = Plan(recorder, result, fusion=self.fusion)
         plan.trace_s = traced - start
@@ -96,6 +98,19 @@ class CompiledStep:
     def plan_for(self, *args: Any) -> Any:
         """The plan traced for these arguments' signature (None before the first such call)."""
         return self.plans.get(_key(tuple(a.data if isinstance(a, Tensor) else a for a in args)))
+
+
+def _release_freed_memory() -> None:
+    """Hand the memory the traced (eager) call freed back to the OS (glibc's malloc_trim), so
+    that it does not stay resident beside the arena."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to do
 
 
 def compile(step_fn: Callable | None = None, *, fusion: bool = True) -> Any:

@@ -15,7 +15,9 @@ backward. Dead buffers go back to a pool by size and are handed to the next valu
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -114,7 +116,12 @@ class Plan:
                         self.fused[id(entry[1])] = step
         self._build(rec)
         self.leaf_arrays = [v.tensor._data for v in self.leaves]  # after any re-homing
-        self.outputs = {v.id: Tensor._make(self.vals[v.id], False) for v in returned}
+        # returned tensors, by the identity of the traced ones: Tensors made once, whose arrays
+        # are the arena buffers (overwritten by the next call, as in CUDA graphs / TinyJit)
+        self.outputs = {id(v.tensor): Tensor._make(self.vals[v.id], False) for v in returned}
+        for v in self.values:  # the traced call's arrays are not needed any more
+            if v.kind != "leaf":
+                v.tensor = None
 
     # --- liveness -------------------------------------------------------------------------------
     def _liveness(self, rec: Recorder, returned: list[Value]) -> None:
@@ -348,42 +355,40 @@ class Plan:
     def replay(self, args: tuple) -> Any:
         for index, buf in self.inputs:
             np.copyto(buf, args[index])
-        if self.blas is None:
+        with self._blas_limit():
             for step in self.program:
                 step()
-        else:
-            with self.blas.limit(limits=1, user_api="blas"):
-                for step in self.program:
-                    step()
         return self._result(self._result_template)
 
     def profile(self, args: tuple, reps: int = 5) -> list[tuple[float, str]]:
         """(median ms, line) of every replay step over `reps` replays, slowest first: where a
         compiled step spends its time (each step timed alone, so the sum exceeds the replay)."""
-        import time
-
         times: list[list[float]] = [[] for _ in self.program]
-        for _ in range(reps):
-            for index, buf in self.inputs:
-                np.copyto(buf, args[index])
-            for i, step in enumerate(self.program):
-                start = time.perf_counter()
-                step()
-                times[i].append(time.perf_counter() - start)
+        with self._blas_limit():
+            for _ in range(reps):
+                for index, buf in self.inputs:
+                    np.copyto(buf, args[index])
+                for i, step in enumerate(self.program):
+                    start = time.perf_counter()
+                    step()
+                    times[i].append(time.perf_counter() - start)
         rows = [
             (1e3 * float(np.median(t)), line) for t, line in zip(times, self.lines, strict=True)
         ]
         return sorted(rows, reverse=True)
+
+    def _blas_limit(self) -> Any:
+        """BLAS single-threaded while a replay runs, when it splits the products itself."""
+        if self.blas is None:
+            return contextlib.nullcontext()
+        return self.blas.limit(limits=1, user_api="blas")
 
     def first_result(self, result: Any) -> Any:
         return result  # the traced call's own (eager) result
 
     def _result(self, template: Any) -> Any:
         if isinstance(template, Tensor):
-            for vid, t in self.outputs.items():
-                if self.values[vid].tensor is template:
-                    return t
-            return template
+            return self.outputs.get(id(template), template)
         if isinstance(template, (tuple, list)):
             return type(template)(self._result(t) for t in template)
         index = self._call_results.get(id(template))
@@ -409,6 +414,15 @@ class Plan:
 
 def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     np.matmul(a, b, out=out)
+
+
+def single_threaded_blas(fusion: bool) -> Any:
+    """A context with BLAS at one thread when a fused replay would split its products itself
+    (the traced call then runs as the replays will); else a no-op."""
+    controller = _blas_controller() if fusion else None
+    if controller is None:
+        return contextlib.nullcontext()
+    return controller.limit(limits=1, user_api="blas")
 
 
 def _blas_controller() -> Any:

@@ -115,6 +115,21 @@ def _set_blas_threads(threads: int | None) -> None:
         threadpool_limits(limits=threads)
 
 
+def _import_framework(framework: str) -> None:
+    """Import what the framework needs before the baseline RSS is read, so that the memory
+    figure is the model's, the optimizer's and the step's, not the libraries' (torch's are
+    several hundred MiB)."""
+    if framework.startswith("glassgrad"):
+        import autograd.functional  # noqa: F401
+        import autograd.kernels.attention  # noqa: F401  (imports Numba)
+        import models.gpt  # noqa: F401
+        import nn  # noqa: F401
+    elif framework.startswith("torch"):
+        import benchmarks.torch_ref  # noqa: F401  (imports torch)
+    elif framework == "jax":
+        import benchmarks.jax_ref  # noqa: F401  (imports jax)
+
+
 def run(framework: str, config_name: str, threads: int | None, steps: int, warmup: int) -> dict:
     """Build the framework's step, run warm-up + timed steps; the figures as a dict."""
     import_start = time.perf_counter()
@@ -128,6 +143,7 @@ def run(framework: str, config_name: str, threads: int | None, steps: int, warmu
 
     config = parse_config(config_name)
     _set_blas_threads(threads)
+    _import_framework(framework)
     baseline_mb = rss_mb()  # the interpreter, numpy and the framework's own imports
     if framework.startswith("glassgrad"):
         step, _ = _glassgrad_step(config, threads, compiled=framework != "glassgrad-eager")
