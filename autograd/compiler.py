@@ -93,7 +93,7 @@ class CompiledStep:
         plan.trace_s = traced - start
         plan.plan_s = time.perf_counter() - traced
         self.plans[key] = plan
-        return plan.first_result(result)
+        return result  # the traced call's own (eager) result
 
     def plan_for(self, *args: Any) -> Any:
         """The plan traced for these arguments' signature (None before the first such call)."""

@@ -134,7 +134,7 @@ def _add_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
 
 def _embedding_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     vals, w = plan.vals, node.inputs[0].id
-    idx = plan._input_arrays.get(id(node.params["idx"]), node.params["idx"])
+    idx = plan.param(node, "idx")
     return (lambda: np.take(vals[w], idx, axis=0, out=out)), "np.take(out=)"
 
 
@@ -331,7 +331,7 @@ def _embedding_backward(plan: Any, node: Any, position: int) -> Lowered:
     if not w.requires_grad:
         return (lambda: None), "no gradient needed"
     g = plan.grads[node.out.id]
-    idx = plan._input_arrays.get(id(node.params["idx"]), node.params["idx"])
+    idx = plan.param(node, "idx")
     target = plan.grad_target(w, w.shape, position)
     return (lambda: target(kernels.embedding_backward(idx, g, w.shape[0]))), "kernel, then added"
 

@@ -133,7 +133,7 @@ class Plan:
                 pos_f[id(entry[1])] = position
                 position += 1
             elif entry[0] == "backward":
-                for node, _ in entry[2]:
+                for node in entry[2]:
                     pos_b[id(node)] = position
                     position += 1
         self.pos_f, self.pos_b = pos_f, pos_b
@@ -143,13 +143,11 @@ class Plan:
             out = node.out.id
             view = node.view_of if node.view_of is not None else lowering.view_input(node)
             self.root[out] = self.root.get(view.id, view.id) if view is not None else out
-            uses = [pos_f[id(node)], pos_b.get(id(node), -1)]
-            for c in (node,):
-                for v in c.inputs:
-                    r = self.root.get(v.id, v.id)
-                    last[r] = max(last.get(r, -1), pos_f[id(c)], pos_b.get(id(c), -1))
-            r = self.root[out]
-            last[r] = max(last.get(r, -1), *uses)
+            # this op (and its backward, which reads what it saved) uses its inputs and output
+            reads = max(pos_f[id(node)], pos_b.get(id(node), -1))
+            for v in [*node.inputs, node.out]:
+                r = self.root.get(v.id, v.id)
+                last[r] = max(last.get(r, -1), reads)
         for v in returned:
             last[self.root.get(v.id, v.id)] = FOREVER
         self.last_use = last
@@ -210,6 +208,12 @@ class Plan:
         self._emit(step, f"fwd  {position:4d} {node.name:<14} -> {_shape(node.out)}  {note}")
         self._end_of(position)
 
+    def param(self, node: Node, key: str) -> Any:
+        """A keyword parameter of a recorded op, with the step's arguments (embedding ids,
+        targets) replaced by their input buffers, which each replay refills."""
+        p = node.params[key]
+        return self._input_arrays.get(id(p), p)
+
     def lowered_forward(self, node: Node) -> bool:
         return id(node) in self.lowered
 
@@ -217,7 +221,7 @@ class Plan:
         """fn.forward on the slots' arrays; the output is copied into its arena buffer (a view
         output stays a view: it shares its input's buffer)."""
         fn, vals, ins, out = node.fn, self.vals, [v.id for v in node.inputs], node.out.id
-        params = {k: self._input_arrays.get(id(p), p) for k, p in node.params.items()}
+        params = {k: self.param(node, k) for k in node.params}
         if node.view_of is not None:
 
             def run_view() -> None:
@@ -237,7 +241,7 @@ class Plan:
         seed = np.ones(root.shape, root.dtype)
         self.grads[root.id] = seed
         self.has_grad.add(root.id)
-        for node, _ in steps:
+        for node in steps:
             position = self.pos_b[id(node)]
             step, note = lowering.backward(self, node, position)
             if step is None:
@@ -383,9 +387,6 @@ class Plan:
             return contextlib.nullcontext()
         return self.blas.limit(limits=1, user_api="blas")
 
-    def first_result(self, result: Any) -> Any:
-        return result  # the traced call's own (eager) result
-
     def _result(self, template: Any) -> Any:
         if isinstance(template, Tensor):
             return self.outputs.get(id(template), template)
@@ -444,7 +445,7 @@ def _leaves_with_grad(rec: Recorder) -> set[int]:
     found: set[int] = set()
     for entry in rec.program:
         if entry[0] == "backward":
-            for node, _ in entry[2]:
+            for node in entry[2]:
                 found |= {v.id for v in node.inputs if v.kind == "leaf" and v.requires_grad}
     return found
 

@@ -41,15 +41,15 @@ class Value:
 
 class Node:
     """One recorded op: the Function instance (replayed as it is), its input and output values,
-    its keyword parameters, and which parameters are arguments of the step (by position)."""
+    and its keyword parameters (those that are arguments of the step are mapped to input buffers
+    by the plan)."""
 
-    __slots__ = ("fn", "inputs", "params", "arg_params", "out", "view_of", "stats")
+    __slots__ = ("fn", "inputs", "params", "out", "view_of", "stats")
 
     def __init__(self, fn: Function, inputs: list[Value], params: dict, out: Value) -> None:
         self.fn = fn
         self.inputs = inputs
         self.params = params
-        self.arg_params: dict[str, int] = {}
         self.out = out
         self.view_of: Value | None = None  # the input whose memory the output views, if any
         self.stats: Any = None  # what a lowered forward keeps for its backward
@@ -69,7 +69,7 @@ class Recorder:
         self.program: list[tuple] = []  # ("op", node) | ("backward", ...) | ("call", ...) | ...
         self.used_args: set[int] = set()
         self.in_backward = False
-        self.backward_steps: list[tuple[Node, Value]] | None = None
+        self.backward_steps: list[Node] | None = None  # the nodes, in the order of their VJPs
 
     # --- values ----------------------------------------------------------------------------
     def value(self, t: Tensor) -> Value:
@@ -115,7 +115,6 @@ class Recorder:
         for key, p in params.items():
             arg = next((i for i, a in enumerate(self.args) if a is p), None)
             if arg is not None:
-                node.arg_params[key] = arg
                 self.used_args.add(arg)
             else:
                 self._refuse_view_of_argument(p, f"parameter {key!r} of {fn.name}")
@@ -152,7 +151,7 @@ class Recorder:
 
         class Steps(hooks.Observer):
             def backward_step(self, step, fn, output, grad, input_grads) -> None:
-                recorder.backward_steps.append((recorder.values[id(output)].node, fn))
+                recorder.backward_steps.append(recorder.values[id(output)].node)
 
         return Steps()
 

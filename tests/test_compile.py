@@ -2,8 +2,8 @@
 
 20 GPT training steps, eager against compiled, on tiny configs: with fusion off the losses and
 parameters are equal bit for bit (float32 and float64), with fusion on they agree to 1e-12
-relative in float64 and within the measured FLOAT32_*_BOUND in float32; dropout masks come from the same rng
-stream. Then what the tracer must refuse, retracing, and the plan's printout.
+relative in float64 and within the measured FLOAT32_*_BOUND in float32; dropout masks come from
+the same rng stream. Then what the tracer must refuse, retracing, and the plan's printout.
 """
 
 from __future__ import annotations
@@ -233,3 +233,17 @@ def test_replacing_a_parameter_array_retraces():
     assert not compiled.plan_for(x, y).still_valid()
     compiled(x, y)
     assert compiled.plan_for(x, y).still_valid()
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape", [((300, 40), (40, 50)), ((40, 300), (300, 500)), ((6, 30, 8), (6, 8, 30))]
+)
+def test_split_products_equal_numpy(monkeypatch, a_shape, b_shape):
+    from autograd import lowering
+
+    monkeypatch.setattr(lowering, "SPLIT_MIN_WORK", 1)  # split even these small products
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    out = np.empty(np.matmul(a, b).shape)
+    lowering.split_matmul(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12)
