@@ -87,9 +87,10 @@ class CompiledStep:
             hooks.RECORDER = None
             recorder.in_backward = False
         recorder.check_arguments()
-        _release_freed_memory()  # the eager call's arrays, before the arena is allocated
         traced = time.perf_counter()
         plan = Plan(recorder, result, fusion=self.fusion)
+        del recorder
+        _release_freed_memory()  # the traced call's arrays, which the plan no longer holds
         plan.trace_s = traced - start
         plan.plan_s = time.perf_counter() - traced
         self.plans[key] = plan

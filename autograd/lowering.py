@@ -43,6 +43,24 @@ def _numba() -> bool:
     return kernels.get_backend() == "numba"
 
 
+def saved_for_backward(plan: Any, node: Any) -> list[Any]:
+    """The values of the forward that node's backward reads: a lowered backward reads only what
+    its formula needs (an add reads nothing, a linear its input), so the others can die early;
+    an op that replays its own VJP may read any input or its output (fn.saved)."""
+    fn = node.fn
+    if _basic_view(node) or isinstance(fn, (ops.Add, F.Embedding)):
+        return []
+    if isinstance(fn, ops.Reshape) and node.view_of is None:  # a copying reshape
+        return []
+    if isinstance(fn, (F.Linear, F.LayerNorm, F.Gelu)) and (
+        type(fn) not in _NEEDS_NUMBA or _numba()
+    ):
+        return list(node.inputs)
+    if isinstance(fn, F.Attention) and _numba() and _fused_attention(plan, node):
+        return list(node.inputs)  # q, k, v (and the kept P), not the output
+    return [*node.inputs, node.out]
+
+
 # --- products on two threads ---------------------------------------------------------------------
 # With fusion on and a BLAS allowed >= 2 threads, a replay runs BLAS single-threaded and splits
 # each large product in two halves itself: one on a pool thread, one on the caller. OpenBLAS's own
@@ -160,14 +178,16 @@ def _layer_norm_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
 def _gelu_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     from autograd.kernels import gelu
 
+    # tanh(u) goes to a scratch buffer: the backward recomputes it from x (one more pass, but
+    # no (B, T, 4C) array kept per layer between the forward and the backward)
     vals, x = plan.vals, node.inputs[0].id
-    t = np.empty_like(out)
-    node.stats = t  # tanh(u), read by the backward
+    t = plan.arena.take(out.shape, out.dtype)
+    plan.release_at.setdefault(plan.pos_f[id(node)], []).append(t)
     flat_out, flat_t = out.reshape(-1), t.reshape(-1)
     s, a_s, _ = gelu.constants(out.dtype)
     return (
         lambda: gelu._gelu_values(out.size, vals[x].reshape(-1), flat_out, flat_t, s, a_s)
-    ), "Numba kernel into out, tanh kept"
+    ), "Numba kernel into out"
 
 
 def _fused_attention(plan: Any, node: Any) -> bool:
@@ -371,17 +391,22 @@ def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
     from autograd.kernels import gelu
 
     vals, g, x = plan.vals, plan.grads[node.out.id], node.inputs[0]
-    t = node.stats
+    # scratch for the recomputed forward (by now the GELU output is dead: the buffers it and
+    # its product's backward used are back in the pool)
+    y, t = plan.arena.take((g.size,), g.dtype), plan.arena.take((g.size,), g.dtype)
+    plan.release_at.setdefault(position, []).extend([y, t])
     gx, post = plan.contribution(x, (g.size,), position)
-    g1, t1 = g.reshape(-1), t.reshape(-1)
-    s, _, a3_s = gelu.constants(g.dtype)
+    g1 = g.reshape(-1)
+    s, a_s, a3_s = gelu.constants(g.dtype)
 
     def run() -> None:
-        gelu._gelu_grads(g.size, g1, vals[x.id].reshape(-1), t1, gx, s, a3_s)
+        x1 = vals[x.id].reshape(-1)
+        gelu._gelu_values(g.size, x1, y, t, s, a_s)  # tanh(u) again, as the forward made it
+        gelu._gelu_grads(g.size, g1, x1, t, gx, s, a3_s)
         if post is not None:
             post()
 
-    return run, "Numba kernel into the gradient buffer"
+    return run, "recomputes tanh(u), then the Numba kernel into the gradient buffer"
 
 
 def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
@@ -470,6 +495,9 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
             p.data = view("param")  # the parameter now lives in the flat buffer
             plan.vals[leaf_of[id(p)].id] = p.data
             plan.grads[leaf_of[id(p)].id] = view("grad")
+            if p.grad is not None:  # the traced call's gradient, moved as well
+                np.copyto(view("grad"), p.grad)
+                p.grad = view("grad")
             state = optimizer.state.setdefault(p, {})
             for name in ("exp_avg", "exp_avg_sq"):
                 if name in state:

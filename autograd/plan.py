@@ -37,6 +37,7 @@ class Arena:
         self.free: dict[int, list[np.ndarray]] = {}
         self.buffers: list[np.ndarray] = []
         self.requested = 0  # bytes of all values, as if each had its own buffer
+        self.live = self.peak_live = 0  # bytes in use now / at most: what a perfect fit needs
 
     def take(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -47,12 +48,15 @@ class Arena:
         if raw is None:
             raw = np.empty(nbytes, np.uint8)
             self.buffers.append(raw)
+        self.live += nbytes
+        self.peak_live = max(self.peak_live, self.live)
         return raw.view(dtype).reshape(shape)
 
     def release(self, array: np.ndarray) -> None:
         raw = array.base if array.base is not None else array
         while raw.base is not None:
             raw = raw.base
+        self.live -= raw.nbytes
         self.free.setdefault(raw.nbytes, []).append(raw)
 
     @property
@@ -86,7 +90,6 @@ class Plan:
         self._call_results: dict[int, int] = {}  # id(result of a recorded call) -> call index
         self.call_out: list[Any] = []
         self.leaves = [v for v in self.values if v.kind == "leaf"]
-        self.leaf_arrays = [v.tensor._data for v in self.leaves]
         self.inputs: list[tuple[int, np.ndarray]] = []
         self._lowered = 0
         self._generic = 0
@@ -105,6 +108,12 @@ class Plan:
                 self.vals[v.id] = v.tensor._data
         returned = _result_values(result, rec.values)
         self.returned = {v.id for v in returned}
+        # returned tensors, by the identity of the traced ones: Tensors made once, whose arrays
+        # are the arena buffers (overwritten by the next call, as in CUDA graphs / TinyJit)
+        self._returned_ids = [(id(v.tensor), v.id) for v in returned]
+        for v in self.values:  # the traced call's arrays are not needed: free them now
+            if v.kind != "leaf":
+                v.tensor = None
         self._liveness(rec, returned)
         self.fused: dict[int, Callable[[], None]] = {}
         if fusion:
@@ -116,12 +125,7 @@ class Plan:
                         self.fused[id(entry[1])] = step
         self._build(rec)
         self.leaf_arrays = [v.tensor._data for v in self.leaves]  # after any re-homing
-        # returned tensors, by the identity of the traced ones: Tensors made once, whose arrays
-        # are the arena buffers (overwritten by the next call, as in CUDA graphs / TinyJit)
-        self.outputs = {id(v.tensor): Tensor._make(self.vals[v.id], False) for v in returned}
-        for v in self.values:  # the traced call's arrays are not needed any more
-            if v.kind != "leaf":
-                v.tensor = None
+        self.outputs = {key: Tensor._make(self.vals[vid], False) for key, vid in self._returned_ids}
 
     # --- liveness -------------------------------------------------------------------------------
     def _liveness(self, rec: Recorder, returned: list[Value]) -> None:
@@ -143,11 +147,12 @@ class Plan:
             out = node.out.id
             view = node.view_of if node.view_of is not None else lowering.view_input(node)
             self.root[out] = self.root.get(view.id, view.id) if view is not None else out
-            # this op (and its backward, which reads what it saved) uses its inputs and output
-            reads = max(pos_f[id(node)], pos_b.get(id(node), -1))
+            # this op uses its inputs and output; its backward, what it saved
+            saved = lowering.saved_for_backward(self, node)
             for v in [*node.inputs, node.out]:
                 r = self.root.get(v.id, v.id)
-                last[r] = max(last.get(r, -1), reads)
+                reads = pos_b.get(id(node), -1) if any(s is v for s in saved) else -1
+                last[r] = max(last.get(r, -1), pos_f[id(node)], reads)
         for v in returned:
             last[self.root.get(v.id, v.id)] = FOREVER
         self.last_use = last

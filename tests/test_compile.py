@@ -246,4 +246,4 @@ def test_split_products_equal_numpy(monkeypatch, a_shape, b_shape):
     a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
     out = np.empty(np.matmul(a, b).shape)
     lowering.split_matmul(a, b, out)
-    np.testing.assert_allclose(out, a @ b, rtol=1e-12)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
