@@ -135,7 +135,7 @@ def _linear_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
         if len(ids) == 3:
             np.add(out2, vals[ids[2]], out=out2)
 
-    return run, "np.matmul(out=) + bias in place"
+    return run, "np.matmul(out=)" + (" + bias in place" if len(ids) == 3 else "")
 
 
 def _reshape_copy_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
@@ -536,7 +536,7 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
 
     run.note = (
         f"{type(optimizer).__name__} fused: one Numba loop over a flat buffer of "
-        f"{len(params)} parameters ({total:,} values), {len(ranges)} groups"
+        f"{len(params)} parameters ({total:,} values), {len(ranges)} group(s)"
     )
     return run
 
