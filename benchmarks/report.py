@@ -282,8 +282,12 @@ def write_plot(results: dict[str, Any], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     suites = results["suites"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     gen = suites.get("generate", [])
+    if gen and suites.get("train"):
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    else:  # one panel for the one suite that ran
+        fig, axis = plt.subplots(1, 1, figsize=(7, 4.5))
+        left = right = axis
     if gen:
         contexts = [r["params"]["context"] for r in gen]
         for variant in gen[0]["variants"]:
