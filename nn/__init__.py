@@ -31,6 +31,15 @@ from nn.layers import (
 )
 from nn.module import Module, ModuleList, Parameter, Sequential
 from nn.optim import clip_grad_norm_
+from nn.transformer import (
+    CrossAttention,
+    DecoderBlock,
+    EncoderBlock,
+    SelfAttention,
+    SinusoidalPositions,
+    position_embedding,
+    sinusoidal_table,
+)
 
 __all__ = [
     "GELU",
@@ -38,8 +47,11 @@ __all__ = [
     "Block",
     "CausalSelfAttention",
     "CheckpointError",
+    "CrossAttention",
+    "DecoderBlock",
     "Dropout",
     "Embedding",
+    "EncoderBlock",
     "LayerKVCache",
     "LayerNorm",
     "Linear",
@@ -48,7 +60,9 @@ __all__ = [
     "Parameter",
     "RMSNorm",
     "ReLU",
+    "SelfAttention",
     "Sequential",
+    "SinusoidalPositions",
     "apply_rotary",
     "clip_grad_norm_",
     "join_optimizer_state",
@@ -56,9 +70,11 @@ __all__ = [
     "load_checkpoint",
     "load_safetensors",
     "optim",
+    "position_embedding",
     "rotary_tables",
     "save_checkpoint",
     "save_json_atomic",
     "save_safetensors",
+    "sinusoidal_table",
     "split_optimizer_state",
 ]
