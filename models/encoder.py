@@ -188,9 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from threadpoolctl import threadpool_limits
+
+    # One BLAS thread for small products (measured in docs/seq2seq.md); callers keep theirs.
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _main(build_parser().parse_args(argv))
+
+
+def _main(a: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    a = build_parser().parse_args(argv)
     corpus = prepare_corpus(a.data)
     mask_id = corpus.tokenizer.vocab_size  # one id past the characters
     config = EncoderConfig(

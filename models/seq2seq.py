@@ -120,7 +120,7 @@ def held_out_set(
         [seed, 1]
     )  # a stream apart from the training batches' [seed, 0, step]
     pairs: dict[str, str] = {}
-    for _ in range(200 * n):  # bounded: short lengths have few held-out sources
+    for _ in range(20 * n):  # bounded: short lengths have few held-out sources
         if len(pairs) == n:
             break
         source, target = sample_pairs(task, rng, 1, min_len, max_len, held_out=True)[0]
@@ -270,6 +270,15 @@ class Seq2Seq(nn.Module):
             return logits, None
         return logits, F.cross_entropy(logits, np.asarray(tgt_out))
 
+    def new_kv_caches(self, batch: int) -> list[nn.LayerKVCache]:
+        """Empty self-attention caches, one per decoder layer, for up to max_tgt_len positions."""
+        c = self.config
+        dtype = self.wte.weight.dtype
+        return [
+            nn.LayerKVCache(batch, c.n_head, c.max_tgt_len, c.n_embd // c.n_head, dtype)
+            for _ in range(c.n_layer)
+        ]
+
     def generate(self, src: Any, max_new_tokens: int, use_cache: bool = True) -> np.ndarray:
         """Greedy targets (B, n <= max_new_tokens) after BOS; a row that has produced EOS is
         padded with EOS. use_cache=False reruns encoder and decoder on everything each step."""
@@ -291,12 +300,7 @@ class Seq2Seq(nn.Module):
                 if use_cache:
                     memory, key_mask = self.encode(src)  # once per source
                     memory_kvs = [block.cross_attn.memory_kv(memory) for block in self.decoder]
-                    dtype = self.wte.weight.dtype
-                    head_dim = c.n_embd // c.n_head
-                    caches = [
-                        nn.LayerKVCache(batch, c.n_head, c.max_tgt_len, head_dim, dtype)
-                        for _ in range(c.n_layer)
-                    ]
+                    caches = self.new_kv_caches(batch)
                 while length <= max_new_tokens and not done.all():
                     if use_cache:  # only the newest position; the past lives in the caches
                         step = out[:, length - 1 : length]
@@ -319,7 +323,7 @@ class Seq2Seq(nn.Module):
 # (docs/seq2seq.md has the measurements).
 DEFAULTS: dict[str, Any] = {
     "task": "reverse",
-    "steps": 1500,
+    "steps": 1000,
     "batch_size": 64,
     "n_layer": 2,
     "n_head": 4,
@@ -405,7 +409,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from threadpoolctl import threadpool_limits
+
+    # One BLAS thread: these products are tiny, and handing them to a second thread cost 3x on a
+    # busy machine (docs/seq2seq.md). A context, so that callers (tests) keep their setting.
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _main(build_parser().parse_args(argv))
+
+
+def _main(args: argparse.Namespace) -> int:
     task = TASKS[args.task]
     min_len = task.min_len if args.min_len is None else args.min_len
     max_len = task.max_len if args.max_len is None else args.max_len
