@@ -122,9 +122,7 @@ def held_out_set(
     task: Task, n: int, min_len: int, max_len: int, seed: int
 ) -> list[tuple[str, str]]:
     """n distinct held-out pairs (fewer if the lengths admit fewer), a function of the seed."""
-    rng = np.random.default_rng(
-        [seed, 1]
-    )  # a stream apart from the training batches' [seed, 0, step]
+    rng = np.random.default_rng([seed, 1])  # apart from the training batches' [seed, 0, step]
     pairs: dict[str, str] = {}
     for _ in range(20 * n):  # bounded: short lengths have few held-out sources
         if len(pairs) == n:

@@ -48,7 +48,7 @@ def _merge_heads(t: Tensor) -> Tensor:
     return t.transpose(0, 2, 1, 3).reshape(B, T, H * D)
 
 
-def key_mask_for_attention(layer: str, key_mask: Any, batch: int, n_keys: int) -> Any:
+def _attention_mask(layer: str, key_mask: Any, batch: int, n_keys: int) -> Any:
     """A (B, Tk) allowed set as the (B, 1, 1, Tk) mask F.scaled_dot_product_attention broadcasts
     over heads and queries; None when there is nothing to mask.
 
@@ -104,7 +104,7 @@ class SelfAttention(Module):
         B, T, C = x.shape
         H = self.n_head
         qkv = self.c_attn(x).reshape(B, T, 3, H, C // H).transpose(2, 0, 3, 1, 4)
-        mask = key_mask_for_attention("SelfAttention", key_mask, B, T)
+        mask = _attention_mask("SelfAttention", key_mask, B, T)
         y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], causal=False, mask=mask)
         return self.resid_dropout(self.c_proj(_merge_heads(y)))
 
@@ -172,7 +172,7 @@ class CrossAttention(Module):
             raise ValueError("CrossAttention: pass exactly one of memory and memory_kv")
         k, v = self.memory_kv(memory) if memory_kv is None else memory_kv
         q = self._queries(x, k)
-        mask = key_mask_for_attention("CrossAttention", key_mask, k.shape[0], k.shape[2])
+        mask = _attention_mask("CrossAttention", key_mask, k.shape[0], k.shape[2])
         # No causal mask: every target position may read the whole source (notes 8.7).
         y = F.scaled_dot_product_attention(q, k, v, causal=False, mask=mask)
         return self.resid_dropout(self.c_proj(_merge_heads(y)))
@@ -183,7 +183,7 @@ class CrossAttention(Module):
         k, _ = self.memory_kv(memory)
         q = self._queries(x, k)
         scores = q.data @ k.data.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
-        mask = key_mask_for_attention("CrossAttention", key_mask, k.shape[0], k.shape[2])
+        mask = _attention_mask("CrossAttention", key_mask, k.shape[0], k.shape[2])
         if mask is not None:
             scores = np.where(mask, scores, -np.inf)
         weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
