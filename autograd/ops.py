@@ -29,8 +29,8 @@ class Op(Function):
 
     Under create_graph `vjp` calls `backward` with g a Tensor and every saved array that is an
     input's or the output's array replaced by that Tensor. So an Op saves only its inputs, its
-    output and constants (shapes, axes, masks): an array derived from an input would be a
-    constant of the VJP, and its second derivative would be wrong.
+    output (the very array it returns) and constants (shapes, axes, masks): an array derived
+    from an input would be a constant of the VJP, and its second derivative would be wrong.
     """
 
     def vjp(self, g: Tensor, output: Tensor) -> tuple[Tensor | None, ...]:
@@ -168,7 +168,7 @@ class Div(Op):
 class Pow(Op):
     # out = a ** b;  da = g * b * a^(b-1) (0 where b = 0), db = g * out * ln(a) (0 where a <= 0)
     def forward(self, a, b):
-        out = a**b
+        out = np.asarray(a**b)  # an array, as saved: numpy makes 0-d results scalars
         self.save_for_backward(a, b, out)
         return out
 
@@ -226,7 +226,7 @@ class Neg(Op):
 class Exp(Op):
     # out = e^a;  da = g * out
     def forward(self, a):
-        out = np.exp(a)
+        out = np.asarray(np.exp(a))  # an array, as saved: numpy makes 0-d results scalars
         self.save_for_backward(out)
         return out
 
@@ -249,7 +249,7 @@ class Log(Op):
 class Sqrt(Op):
     # out = sqrt(a);  da = g / (2 out)
     def forward(self, a):
-        out = np.sqrt(a)
+        out = np.asarray(np.sqrt(a))  # an array, as saved: numpy makes 0-d results scalars
         self.save_for_backward(out)
         return out
 
@@ -261,7 +261,7 @@ class Sqrt(Op):
 class Tanh(Op):
     # out = tanh a;  da = g * (1 - out^2)
     def forward(self, a):
-        out = np.tanh(a)
+        out = np.asarray(np.tanh(a))  # an array, as saved: numpy makes 0-d results scalars
         self.save_for_backward(out)
         return out
 
