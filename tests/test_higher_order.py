@@ -243,3 +243,33 @@ def test_hvp_of_the_gpt_loss_matches_central_differences_of_the_gradient(float64
     vhu = sum(float((b * h.data).sum()) for b, h in zip(v, hu, strict=True))
     assert uhv == pytest.approx(vhu, rel=1e-10)
     assert all(p.grad is None for p in params)  # hvp leaves .grad alone
+
+
+# --- the two runnable examples ------------------------------------------------------------------
+
+
+def test_newton_and_hessian_free_converge_in_a_few_steps(float64):
+    from models import newton
+
+    x, y = newton.data()
+    loss = newton.loss_fn(x, y)
+    w0 = np.zeros(x.shape[1])
+    full, free = newton.newton(loss, w0), newton.hessian_free(loss, w0)
+    for history in (full, free):
+        norms = [n for _, n in history]
+        assert len(history) <= 7 and norms[-1] < 1e-10
+        assert all(b < a**1.5 for a, b in zip(norms[2:], norms[3:], strict=False))  # quadratic
+    assert full[-1][0] == pytest.approx(free[-1][0], rel=1e-12)
+
+
+def test_gradient_penalty_step_differentiates_through_the_gradient(float64, capsys):
+    from models import gradient_penalty as gp
+
+    d = gp.Discriminator(hidden=3)
+    real, fake = gp.batch(np.random.default_rng(1), n=4)
+    params = list(d.parameters())
+    # The penalty's gradient with respect to D's weights is a double backward (d^2 D / dx dtheta).
+    autograd.gradcheck(lambda *_: gp.r1_penalty(d, real), params, atol=1e-8, rtol=1e-6)
+    history = gp.main(steps=20)
+    assert "R1 penalty" in capsys.readouterr().out
+    assert history[-1][0] < history[0][0] and np.isfinite(history).all()
