@@ -7,6 +7,6 @@
 """
 
 from models.gpt import GPT, GPTConfig
-from models.tokenizer import CharTokenizer
+from models.tokenizer import BPETokenizer, CharTokenizer
 
-__all__ = ["GPT", "CharTokenizer", "GPTConfig"]
+__all__ = ["GPT", "BPETokenizer", "CharTokenizer", "GPTConfig"]

@@ -16,6 +16,7 @@ from nn.checkpoint import (
     save_checkpoint,
     save_json_atomic,
     save_safetensors,
+    save_text_atomic,
     split_optimizer_state,
 )
 from nn.layers import (
@@ -60,5 +61,6 @@ __all__ = [
     "save_checkpoint",
     "save_json_atomic",
     "save_safetensors",
+    "save_text_atomic",
     "split_optimizer_state",
 ]
