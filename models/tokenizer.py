@@ -168,10 +168,12 @@ class BPETokenizer:
     GPT2_PATTERN can hold it); encode emits it only where allowed_special asks for it.
 
     >>> tok = BPETokenizer.train("low lower lowest " * 20, vocab_size=262)
-    >>> tok.merges[:3]
-    [('l', 'o'), ('lo', 'w'), ('Ġ', 'low')]
-    >>> tok.encode("lowest low"), tok.decode(tok.encode("lowest low"))
-    ([259, 101, 83, 84, 260], 'lowest low')
+    >>> tok.merges  # ties: (l, o) before (o, w) at 60 pairs; (s, t) first at 20, as 's' < 'Ġ'
+    [('l', 'o'), ('lo', 'w'), ('Ġ', 'low'), ('Ġlow', 'e'), ('s', 't')]
+    >>> tok.encode(" lowest"), tok.eot_id
+    ([259, 260], 261)
+    >>> tok.decode([259, 260])
+    ' lowest'
     """
 
     kind = "bpe"
