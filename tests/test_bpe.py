@@ -395,3 +395,19 @@ def test_train_cli_with_bpe_saves_it_and_sample_uses_it(data_file, tmp_path, cap
         train.main(["--out", str(out), "--resume", "--vocab-size", "400", "--quiet"])
     with pytest.raises(SystemExit, match="--vocab-size needs --tokenizer bpe"):
         train.main(["--data", str(data_file), "--out", str(tmp_path / "c"), "--vocab-size", "300"])
+
+
+def test_benchmark_suite_reports_train_and_encode_times(tmp_path, capsys):
+    from benchmarks.__main__ import main as bench
+
+    path = tmp_path / "tok.json"
+    argv = ["--suite", "tokenizer", "--quick", "--quiet", "--no-torch", "--json", str(path)]
+    assert bench(argv) == 0
+    assert "Tokenizer: byte-level BPE" in capsys.readouterr().out
+    records = json.loads(path.read_text())["suites"]["tokenizer"]
+    assert [r["name"] for r in records] == [
+        "train 100 merges",
+        "encode corpus (cold cache)",
+        "encode corpus (warm cache)",
+    ]
+    assert records[1]["params"]["tokens"] > 0 and records[1]["variants"]["python"]["mb_per_s"] > 0
