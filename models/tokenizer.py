@@ -117,8 +117,8 @@ class CharTokenizer:
 # --- byte-level BPE, as GPT-2 ---------------------------------------------------------------------
 
 # GPT-2's pre-tokenizer: a contraction, a run of letters or of digits or of other symbols (each
-# with at most one leading space), or whitespace. Merges never cross these pieces, so " the" and
-# "the(" share no token across the boundary. `regex`, not `re`: \p{L} / \p{N} are Unicode classes.
+# with at most one leading space), or whitespace. Merges stay inside a piece: "the(" is "the" + "(",
+# and " the" is one piece wherever it occurs. `regex`, not `re`: \p{L} / \p{N} are Unicode classes.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _PIECES = regex.compile(GPT2_PATTERN)
 END_OF_TEXT = "<|endoftext|>"
@@ -133,8 +133,11 @@ def bytes_to_unicode() -> dict[int, str]:
     themselves, and the other 68 (controls, space, ...) for chr(256), chr(257), ... in byte
     order: space is 'Ġ', newline 'Ċ'. The dict's order is the byte tokens' ids: '!' is 0.
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    printable += range(ord("®"), ord("ÿ") + 1)
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     others = [b for b in range(256) if b not in printable]
     chars = [chr(b) for b in printable] + [chr(256 + n) for n in range(len(others))]
     return dict(zip(printable + others, chars, strict=True))
@@ -198,6 +201,7 @@ class BPETokenizer:
                 raise ValueError(f"token {token!r} (id {i}) is not over GPT-2's byte alphabet")
             self._bytes[i] = bytes(_CHAR_BYTE[c] for c in token)
         self.special_tokens = {t: self.vocab[t] for t in (END_OF_TEXT,) if t in self.vocab}
+        self._vocab_size = max(self._bytes) + 1
         self._cache: dict[str, list[int]] = {}  # pre-tokenized piece -> its ids
 
     # --- learning -------------------------------------------------------------------------------
@@ -273,7 +277,7 @@ class BPETokenizer:
     @property
     def vocab_size(self) -> int:
         """One more than the largest id (the rows a GPT's embedding needs)."""
-        return max(self._bytes) + 1
+        return self._vocab_size
 
     @property
     def eot_id(self) -> int | None:
