@@ -24,6 +24,7 @@ from nn.checkpoint import (
     save_checkpoint,
     save_json_atomic,
     save_safetensors,
+    save_text_atomic,
     split_optimizer_state,
 )
 from nn.layers import (
@@ -67,6 +68,7 @@ __all__ = [
     "save_checkpoint",
     "save_json_atomic",
     "save_safetensors",
+    "save_text_atomic",
     "split_optimizer_state",
 ]
 
