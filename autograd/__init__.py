@@ -15,6 +15,7 @@ from autograd.anomaly import AnomalyError, detect_anomaly
 from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck, gradgradcheck
 from autograd.higher_order import grad, hessian, hvp, jvp, vjp
 from autograd.ops import concat, stack, where
+from autograd.origin import check_packages
 from autograd.tensor import (
     Function,
     Tensor,
@@ -32,6 +33,7 @@ __all__ = [
     "GradcheckError",
     "GradcheckResult",
     "Tensor",
+    "check_packages",
     "concat",
     "detect_anomaly",
     "enable_grad",

@@ -397,7 +397,8 @@ def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Ten
         row = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(
             f"cross_entropy: target {targets[row]} at {row} is out of range [0, {vocab}) and is "
-            f"not ignore_index={ignore_index} (logits {logits.shape}, targets {targets.shape})"
+            f"not ignore_index={ignore_index} (logits {logits.shape}, targets {targets.shape}): "
+            f"targets must lie in [0, {vocab}) or be ignore_index"
         )
     need_grad = logits.requires_grad and is_grad_enabled()
     return CrossEntropy.apply(

@@ -6,6 +6,13 @@
 ['weight', 'bias']
 """
 
+try:  # HIPS autograd (or a folder named autograd) has no check_packages
+    from autograd import check_packages
+except ImportError as exc:
+    raise ImportError(
+        "glassgrad: 'import autograd' did not find glassgrad's engine (HIPS autograd has the same "
+        "name): pip uninstall autograd, or rename the folder; see the README, Install"
+    ) from exc
 from autograd.functional import apply_rotary, linear, rotary_tables  # the primitives layers use
 from nn import optim
 from nn.attention import Block, CausalSelfAttention, LayerKVCache
@@ -17,6 +24,7 @@ from nn.checkpoint import (
     save_checkpoint,
     save_json_atomic,
     save_safetensors,
+    save_text_atomic,
     split_optimizer_state,
 )
 from nn.layers import (
@@ -60,5 +68,8 @@ __all__ = [
     "save_checkpoint",
     "save_json_atomic",
     "save_safetensors",
+    "save_text_atomic",
     "split_optimizer_state",
 ]
+
+check_packages("autograd", "nn")  # no folder of the same name may shadow glassgrad's
