@@ -353,13 +353,14 @@ class Max(Op):
         if a.size == 0:
             raise ValueError(f"max: empty tensor of shape {a.shape} has no maximum")
         out = np.max(a, axis=axes, keepdims=True)
-        self.save_for_backward(a == out, axes, keepdims)  # the winners: a constant of the VJP
+        self.save_for_backward(a, out, axes, keepdims)
         return out if keepdims else np.squeeze(out, axis=axes)
 
     def backward(self, g):
-        winners, axes, keepdims = self.saved
+        a, out, axes, keepdims = self.saved
+        winners = a == out  # a boolean array, also for a Tensor a: the split is a constant
         share = (winners / winners.sum(axis=axes, keepdims=True)).astype(g.dtype)
-        return (share * _expand_reduced(g, winners.shape, axes, keepdims),)
+        return (share * _expand_reduced(g, a.shape, axes, keepdims),)
 
 
 # --- shape ops --------------------------------------------------------------------------------

@@ -100,6 +100,16 @@ def test_detect_anomaly_watches_the_differentiable_backward(float64):
             autograd.grad(x.sqrt().sum(), x, create_graph=True)
 
 
+def test_max_with_ties_twice(float64):
+    """max splits the gradient evenly between ties (share s = 1/k); d^2 max(x)^2 = 2 s s^T."""
+    x = Tensor([5.0, 5.0, 5.0, 1.0], requires_grad=True)
+    (g,) = autograd.grad(x.max() ** 2, x, create_graph=True)
+    share = np.array([1, 1, 1, 0]) / 3
+    np.testing.assert_allclose(g.data, 2 * 5.0 * share)
+    h = autograd.hessian(lambda t: t.max() ** 2, x)
+    np.testing.assert_allclose(h.data, 2 * np.outer(share, share))
+
+
 # --- gradgradcheck ------------------------------------------------------------------------------
 
 
