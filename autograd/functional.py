@@ -4,6 +4,11 @@ Each op is one Function: forward and backward side by side, the formula in a com
 notes' section where it is derived. The hot ones (softmax, log_softmax, layer_norm, gelu,
 cross_entropy, embedding backward, attention) call `autograd.kernels`, which runs either a Numba
 kernel or the plain numpy reference (GLASSGRAD_KERNELS=numpy or kernels.use_backend("numpy")).
+
+Under create_graph=True (docs/higher_order.md) the engine calls each op's `vjp` instead: an
+`ops.Op` runs its own backward on Tensors; an op whose backward is a kernel or reads saved
+statistics has a `vjp` beside it, the same formula in Tensor ops with those statistics recomputed
+(attention: the composite reference, A recomputed).
 """
 
 from __future__ import annotations
@@ -445,7 +450,7 @@ def _normal_pdf(x: Any) -> Any:
 
 
 class NormalCdf(Op):
-    # out = Phi(x) = (1 + erf(x / sqrt 2)) / 2;  dx = g * phi(x)  (exact GELU's second derivative)
+    # out = Phi(x) = (1 + erf(x / sqrt 2)) / 2;  dx = g * phi(x)   (notes 8.2: exact GELU's dy/dx)
     def forward(self, x):
         self.save_for_backward(x)
         return (0.5 * (1 + _erf(x / math.sqrt(2.0)))).astype(x.dtype)
