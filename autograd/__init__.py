@@ -10,13 +10,15 @@ array([[2., 2., 2.],
        [2., 2., 2.]], dtype=float32)
 """
 
-from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck
+from autograd import trace  # noqa: F401  (registers the tracer of backward(trace=True))
+from autograd.anomaly import AnomalyError, detect_anomaly
+from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck, gradgradcheck
+from autograd.higher_order import grad, hessian, hvp, jvp, vjp
 from autograd.ops import concat, stack, where
+from autograd.origin import check_packages
 from autograd.tensor import (
-    AnomalyError,
     Function,
     Tensor,
-    detect_anomaly,
     enable_grad,
     get_default_dtype,
     is_grad_enabled,
@@ -31,15 +33,22 @@ __all__ = [
     "GradcheckError",
     "GradcheckResult",
     "Tensor",
+    "check_packages",
     "concat",
     "detect_anomaly",
     "enable_grad",
     "get_default_dtype",
+    "grad",
     "gradcheck",
+    "gradgradcheck",
+    "hessian",
+    "hvp",
     "is_grad_enabled",
+    "jvp",
     "no_grad",
     "set_default_dtype",
     "stack",
     "unbroadcast",
+    "vjp",
     "where",
 ]

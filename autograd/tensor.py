@@ -9,28 +9,24 @@ the sum of both contributions (`+=`).
 
 from __future__ import annotations
 
-import os
 import threading
-import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-_default_dtype: np.dtype = np.dtype(np.float32)
-_ENGINE_DIR = os.path.dirname(os.path.abspath(__file__))
+from autograd import hooks
+
+_default_dtype: np.dtype = np.dtype(np.float32)  # process-wide (a switch for tests, gradchecks)
 _grad_mode = threading.local()  # per-thread: no_grad() in one thread never affects another
 
 
-class _Anomaly:
-    """Global switch for detect_anomaly(); a plain attribute so that 'off' costs one lookup."""
-
-    enabled = False
-
-
 def set_default_dtype(dtype: Any) -> None:
-    """Set the float dtype new tensors get from Python numbers, lists and float arrays."""
+    """Set the float dtype new tensors get from Python numbers, lists and float arrays.
+
+    Process-wide, like torch.set_default_dtype; code that needs a dtype should pass dtype=.
+    """
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"set_default_dtype: expected float32 or float64, got {dtype}")
@@ -67,39 +63,22 @@ def enable_grad() -> Iterator[None]:
         _grad_mode.enabled = previous
 
 
-@contextmanager
-def detect_anomaly() -> Iterator[None]:
-    """Check every forward output and backward gradient for NaN/Inf; name the op that made it.
-
-    Each op created inside the block also remembers where in user code it was created, so the
-    error points at the line to look at. Off by default; when off it costs one attribute read.
-    """
-    previous = _Anomaly.enabled
-    _Anomaly.enabled = True
-    try:
-        yield
-    finally:
-        _Anomaly.enabled = previous
-
-
-class AnomalyError(FloatingPointError):
-    """A NaN or Inf appeared in a forward output or a backward gradient under detect_anomaly()."""
-
-
-def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def unbroadcast(grad: np.ndarray, shape: tuple[int, ...], copy: bool = False) -> np.ndarray:
     """Sum `grad` back to `shape`: the VJP of numpy broadcasting (the one place it is done).
 
     A dimension that broadcasting added in front, or stretched from size 1, was used many times
-    in the forward pass, so its gradient is the sum over those uses.
+    in the forward pass, so its gradient is the sum over those uses. copy=True: the result is
+    never `grad` itself (a VJP must return arrays of its own; the engine adopts them as .grad).
     """
     if grad.shape == shape:
-        return grad
+        return grad.copy() if copy else grad
     lead = grad.ndim - len(shape)
     stretched = tuple(lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1)
     return grad.sum(axis=tuple(range(lead)) + stretched, keepdims=False).reshape(shape)
 
 
-def _describe(arrays: Sequence[Any]) -> str:
+def describe(arrays: Sequence[Any]) -> str:
+    """'(2, 3) float32, int' for error messages that name what an op was given."""
     parts = []
     for a in arrays:
         if isinstance(a, np.ndarray):
@@ -114,11 +93,13 @@ class Function:
 
     `forward(self, *arrays, **params)` computes the output from numpy arrays and may stash what
     backward needs with `self.save_for_backward(...)`. `backward(self, grad)` receives
-    dL/d(output) and returns one gradient per input array (None for an input that needs none).
-    An instance is the graph node: it keeps the inputs until backward releases it.
+    dL/d(output) and returns one gradient per input array (None for an input that needs none),
+    each an array of its own (never `grad` or a view of it). An instance is the graph node: it
+    keeps the inputs until backward releases it. `vjp` is the same VJP on Tensors, for
+    create_graph=True (autograd/higher_order.py).
     """
 
-    __slots__ = ("inputs", "saved", "_versions", "_saved_inputs", "_saves_output", "created_at")
+    __slots__ = ("inputs", "saved", "saved_versions", "created_at")
 
     def save_for_backward(self, *arrays: Any) -> None:
         self.saved = arrays
@@ -128,6 +109,14 @@ class Function:
 
     def backward(self, grad: np.ndarray) -> tuple[np.ndarray | None, ...]:
         raise NotImplementedError
+
+    def vjp(self, grad: Tensor, output: Tensor) -> tuple[Tensor | None, ...]:
+        """backward on Tensors, written with Tensor ops, so that the gradients it returns have a
+        graph of their own (create_graph=True). `output` is the tensor this node produced."""
+        raise NotImplementedError(
+            f"{self.name} has no differentiable VJP (Function.vjp), so create_graph=True cannot "
+            "differentiate through it; write one with Tensor ops (or see autograd.ops.Op)"
+        )
 
     @property
     def name(self) -> str:
@@ -142,41 +131,87 @@ class Function:
         try:
             out_data = fn.forward(*arrays, **params)
         except (ValueError, IndexError, TypeError) as exc:
-            # Name the op and what it was given instead of surfacing a deep numpy traceback.
-            raise type(exc)(f"{cls.__name__}: {exc} (inputs: {_describe(arrays)})") from None
-        requires_grad = any(t.requires_grad for t in inputs) and is_grad_enabled()
-        out = Tensor._make(out_data, requires_grad)
-        if _Anomaly.enabled:
-            fn.created_at = traceback.extract_stack()[:-1]
-            _check_finite(out_data, f"forward output of {cls.__name__}", fn, arrays)
+            raise _op_error(cls.__name__, exc, arrays) from exc
+        for observer in hooks.ACTIVE:
+            observer.forward(fn, out_data, arrays)
+        requires_grad = any(t._requires_grad for t in inputs) and is_grad_enabled()
+        out = Tensor._make(out_data, requires_grad, _counter_of_viewed(out_data, inputs))
         if requires_grad:
             fn.inputs = inputs
-            # Version counters of the inputs whose arrays backward will read (saved-tensor safety).
-            # (a saved reshape or slice of an input counts too: its .base is the input's array)
-            saved = [a for a in fn.saved if isinstance(a, np.ndarray)]
-            saved_ids = {id(a) for a in saved} | {id(a.base) for a in saved if a.base is not None}
-            fn._saved_inputs = tuple(i for i, a in enumerate(arrays) if id(a) in saved_ids)
-            fn._versions = tuple(inputs[i]._version for i in fn._saved_inputs)
-            fn._saves_output = id(out_data) in saved_ids
+            fn.saved_versions = _saved_versions(fn.saved, inputs, out)
             out._ctx = fn
         else:
             fn.saved = ()
         return out
 
+    def release(self) -> None:
+        """Drop the inputs and saved arrays once backward has run (the graph is freed)."""
+        self.inputs = None
+        self.saved = ()
 
-def _check_finite(array: np.ndarray, what: str, fn: Function, arrays: Sequence[Any]) -> None:
-    if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
-        bad = "NaN" if np.isnan(array).any() else "Inf"
-        # The innermost frame outside the engine is the user's line that created the op.
-        user_frames = [f for f in getattr(fn, "created_at", ()) if _ENGINE_DIR not in f.filename]
-        origin = ""
-        if user_frames:
-            frame = user_frames[-1]
-            origin = f"\n  op created at {frame.filename}:{frame.lineno}: {frame.line}"
-        raise AnomalyError(
-            f"detect_anomaly: {bad} in {what} (op {fn.name}, inputs: {_describe(arrays)}, "
-            f"output shape {array.shape}){origin}"
-        )
+
+def _op_error(op: str, exc: Exception, arrays: Sequence[Any]) -> Exception:
+    """The same kind of error, naming the op and what it was given (numpy's own is the cause).
+
+    The plain base class is used: numpy's subclasses (e.g. _UFuncNoLoopError) take other
+    constructor arguments than a message.
+    """
+    base = next(k for k in (IndexError, TypeError, ValueError) if isinstance(exc, k))
+    return base(f"{op}: {exc} (inputs: {describe(arrays)})")
+
+
+# --- version counters: an in-place change of a saved array is caught at backward ------------------
+
+
+class VersionCounter:
+    """How many times a storage was changed in place. Tensors that view the same numpy storage
+    (reshape, basic indexing, detach) share one counter, as in PyTorch."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+def _storage(array: np.ndarray) -> np.ndarray:
+    """The array that owns the memory `array` views."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+def _counter_of_viewed(out: np.ndarray, inputs: Sequence[Tensor]) -> VersionCounter | None:
+    """An output that views an input's storage shares that input's counter."""
+    if not isinstance(out, np.ndarray) or out.base is None:
+        return None
+    storage = _storage(out)
+    for t in inputs:
+        if _storage(t._data) is storage:
+            return t._counter
+    return None
+
+
+def _saved_versions(saved: Sequence[Any], inputs: Sequence[Tensor], out: Tensor) -> tuple:
+    """(label, shape, counter, version) of every input and output whose storage backward reads."""
+    storages = {id(_storage(a)) for a in saved if isinstance(a, np.ndarray)}
+    if not storages:
+        return ()
+    watched = [(f"input {i}", t) for i, t in enumerate(inputs)] + [("its output", out)]
+    return tuple(
+        (label, t.shape, t._counter, t._counter.value)
+        for label, t in watched
+        if id(_storage(t._data)) in storages
+    )
+
+
+def _check_saved_versions(fn: Function) -> None:
+    for label, shape, counter, version in fn.saved_versions:
+        if counter.value != version:
+            raise RuntimeError(
+                f"backward of {fn.name}: {label} (shape {shape}) was modified in place after it "
+                f"was saved for backward (version {version} -> {counter.value}); its gradient "
+                "would be wrong. Use an out-of-place op or clone before changing it"
+            )
 
 
 class Tensor:
@@ -187,7 +222,7 @@ class Tensor:
         "grad",
         "_requires_grad",
         "_ctx",
-        "_version",
+        "_counter",
         "_retains_grad",
         "name",
         "__weakref__",
@@ -211,20 +246,22 @@ class Tensor:
         self._data = array
         self.grad: np.ndarray | None = None
         self._ctx: Function | None = None
-        self._version = 0
+        self._counter = VersionCounter()
         self._retains_grad = False
         self.name = name
         self._requires_grad = False
         self.requires_grad = requires_grad
 
     @classmethod
-    def _make(cls, array: np.ndarray, requires_grad: bool) -> Tensor:
+    def _make(
+        cls, array: np.ndarray, requires_grad: bool, counter: VersionCounter | None = None
+    ) -> Tensor:
         """Wrap an op's output without the conversions of __init__ (hot path)."""
         t = object.__new__(cls)
         t._data = array if isinstance(array, np.ndarray) else np.asarray(array)
         t.grad = None
         t._ctx = None
-        t._version = 0
+        t._counter = VersionCounter() if counter is None else counter
         t._retains_grad = False
         t.name = None
         t._requires_grad = requires_grad
@@ -238,7 +275,7 @@ class Tensor:
     @data.setter
     def data(self, value: Any) -> None:
         self._data = np.asarray(value.data if isinstance(value, Tensor) else value)
-        self._version += 1
+        self._counter.value += 1
 
     @property
     def requires_grad(self) -> bool:
@@ -270,6 +307,11 @@ class Tensor:
         return self._data.dtype
 
     @property
+    def _version(self) -> int:
+        """How many in-place changes this tensor's storage has seen."""
+        return self._counter.value
+
+    @property
     def is_leaf(self) -> bool:
         return self._ctx is None
 
@@ -292,8 +334,8 @@ class Tensor:
         return self._data if dtype is None else self._data.astype(dtype, copy=False)
 
     def detach(self) -> Tensor:
-        """The same array, cut off from the graph."""
-        return Tensor._make(self._data, False)
+        """The same array (and version counter), cut off from the graph."""
+        return Tensor._make(self._data, False, self._counter)
 
     def retain_grad(self) -> Tensor:
         """Keep .grad on this non-leaf tensor after backward (for inspecting intermediate steps)."""
@@ -330,12 +372,12 @@ class Tensor:
     def __setitem__(self, index: Any, value: Any) -> None:
         self._check_inplace("__setitem__")
         self._data[_index_array(index)] = value.data if isinstance(value, Tensor) else value
-        self._version += 1
+        self._counter.value += 1
 
     def _inplace(self, op: Any, other: Any, what: str) -> Tensor:
         self._check_inplace(what)
         op(self._data, other.data if isinstance(other, Tensor) else other, out=self._data)
-        self._version += 1
+        self._counter.value += 1
         return self
 
     def __iadd__(self, other: Any) -> Tensor:
@@ -351,138 +393,59 @@ class Tensor:
         return self._inplace(np.divide, other, "/=")
 
     # --- backward ------------------------------------------------------------------------------
-    def backward(self, grad: Any = None, retain_graph: bool = False, trace: bool = False) -> None:
+    def backward(
+        self,
+        grad: Any = None,
+        retain_graph: bool | None = None,
+        trace: bool = False,
+        create_graph: bool = False,
+    ) -> None:
         """Accumulate dself/dleaf into every leaf's .grad (notes 10.2: branches add up).
 
         grad: dL/dself; may be omitted only when self has one element (then it is 1).
-        retain_graph: keep the recorded ops so that backward can run through them again.
+        retain_graph: keep the recorded ops so that backward can run through them again
+        (default: create_graph).
         trace: print every step of the backward pass (op, shapes, gradient norms).
+        create_graph: the .grad of each leaf becomes a Tensor with a graph of its own, which can
+        be differentiated again (as in PyTorch); see autograd.grad for the usual way.
         """
         if not self.requires_grad:
             raise RuntimeError(
                 f"backward: this tensor (shape {self.shape}) does not require grad and has no graph"
             )
-        if grad is None:
-            if self.size != 1:
-                raise RuntimeError(
-                    f"backward: output has shape {self.shape}; a gradient can be implied only for "
-                    "a one-element output; pass grad= with the output's shape"
-                )
-            grad = np.ones_like(self._data)
-        else:
-            # a copy: the caller's array must never become (or alias) some tensor's .grad
-            grad = np.array(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
-            if grad.shape != self.shape:
-                raise ValueError(
-                    f"backward: grad has shape {grad.shape} but the output has shape {self.shape}"
-                )
-            if not np.isfinite(grad).all():
-                raise ValueError("backward: the seed gradient contains NaN or Inf")
-        run_backward(self, grad, retain_graph, trace)
+        seed = seed_gradient(self, grad, "backward")
+        if create_graph:
+            seed = Tensor._make(seed, False)
+        observers = list(hooks.ACTIVE)
+        if trace:  # the tracer is registered by autograd/trace.py (autograd/__init__ imports it)
+            observers.append(hooks.TRACER())
+        retain = create_graph if retain_graph is None else retain_graph
+        run_backward([self], [seed], retain, observers, create_graph=create_graph)
 
-    # --- operators (the ops themselves live in autograd/ops.py) --------------------------------
-    def _lift(self, other: Any) -> Tensor:
-        if isinstance(other, Tensor):
-            return other
-        return Tensor._make(
-            np.asarray(other, dtype=self.dtype if self.dtype.kind == "f" else None), False
-        )
+    # Operators (+ - * / ** @, indexing, .sum(), .exp(), ...) are attached by autograd/ops.py,
+    # where the ops are defined. Comparisons are elementwise and give plain boolean arrays (they
+    # have no gradient); a Tensor is still hashed by identity.
+    def __eq__(self, other: Any) -> np.ndarray:  # type: ignore[override]
+        return self._data == _array_of(other)
 
-    def __add__(self, other: Any) -> Tensor:
-        return _ops.Add.apply(self, self._lift(other))
+    def __ne__(self, other: Any) -> np.ndarray:  # type: ignore[override]
+        return self._data != _array_of(other)
 
-    def __radd__(self, other: Any) -> Tensor:
-        return _ops.Add.apply(self._lift(other), self)
-
-    def __sub__(self, other: Any) -> Tensor:
-        return _ops.Sub.apply(self, self._lift(other))
-
-    def __rsub__(self, other: Any) -> Tensor:
-        return _ops.Sub.apply(self._lift(other), self)
-
-    def __mul__(self, other: Any) -> Tensor:
-        return _ops.Mul.apply(self, self._lift(other))
-
-    def __rmul__(self, other: Any) -> Tensor:
-        return _ops.Mul.apply(self._lift(other), self)
-
-    def __truediv__(self, other: Any) -> Tensor:
-        return _ops.Div.apply(self, self._lift(other))
-
-    def __rtruediv__(self, other: Any) -> Tensor:
-        return _ops.Div.apply(self._lift(other), self)
-
-    def __pow__(self, other: Any) -> Tensor:
-        return _ops.Pow.apply(self, self._lift(other))
-
-    def __rpow__(self, other: Any) -> Tensor:
-        return _ops.Pow.apply(self._lift(other), self)
-
-    def __matmul__(self, other: Any) -> Tensor:
-        return _ops.MatMul.apply(self, self._lift(other))
-
-    def __rmatmul__(self, other: Any) -> Tensor:
-        return _ops.MatMul.apply(self._lift(other), self)
-
-    def __neg__(self) -> Tensor:
-        return _ops.Neg.apply(self)
-
-    def __getitem__(self, index: Any) -> Tensor:
-        return _ops.GetItem.apply(self, index=_index_array(index))
-
-    # Comparisons give plain boolean arrays: they have no gradient.
     def __lt__(self, other: Any) -> np.ndarray:
-        return self._data < np.asarray(other)
+        return self._data < _array_of(other)
 
     def __le__(self, other: Any) -> np.ndarray:
-        return self._data <= np.asarray(other)
+        return self._data <= _array_of(other)
 
     def __gt__(self, other: Any) -> np.ndarray:
-        return self._data > np.asarray(other)
+        return self._data > _array_of(other)
 
     def __ge__(self, other: Any) -> np.ndarray:
-        return self._data >= np.asarray(other)
+        return self._data >= _array_of(other)
 
-    def exp(self) -> Tensor:
-        return _ops.Exp.apply(self)
 
-    def log(self) -> Tensor:
-        return _ops.Log.apply(self)
-
-    def sqrt(self) -> Tensor:
-        return _ops.Sqrt.apply(self)
-
-    def tanh(self) -> Tensor:
-        return _ops.Tanh.apply(self)
-
-    def relu(self) -> Tensor:
-        return _ops.Relu.apply(self)
-
-    def sigmoid(self) -> Tensor:
-        return _ops.Sigmoid.apply(self)
-
-    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return _ops.Sum.apply(self, axis=axis, keepdims=keepdims)
-
-    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return _ops.Mean.apply(self, axis=axis, keepdims=keepdims)
-
-    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return _ops.Max.apply(self, axis=axis, keepdims=keepdims)
-
-    def reshape(self, *shape: Any) -> Tensor:
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        return _ops.Reshape.apply(self, shape=shape)
-
-    def transpose(self, *axes: Any) -> Tensor:
-        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-            axes = tuple(axes[0])
-        return _ops.Transpose.apply(self, axes=axes or None)
-
-    @property
-    def T(self) -> Tensor:
-        return self.transpose()
+def _array_of(x: Any) -> Any:
+    return x._data if isinstance(x, Tensor) else x
 
 
 def _index_array(index: Any) -> Any:
@@ -494,14 +457,34 @@ def _index_array(index: Any) -> Any:
     return index
 
 
-def _topological_order(root: Tensor) -> list[Tensor]:
-    """Tensors of root's graph, every tensor after all the ops that consume it (outputs first).
+def seed_gradient(output: Tensor, grad: Any, caller: str) -> np.ndarray:
+    """The gradient that starts a backward pass from `output`: a copy of `grad` (the caller's
+    array must never become, or alias, some tensor's .grad), or 1 for a one-element output."""
+    if grad is None:
+        if output.size != 1:
+            raise RuntimeError(
+                f"{caller}: output has shape {output.shape}; a gradient can be implied only for "
+                "a one-element output; pass grad= with the output's shape"
+            )
+        return np.ones_like(output._data)
+    grad = np.array(grad.data if isinstance(grad, Tensor) else grad, dtype=output.dtype)
+    if grad.shape != output.shape:
+        raise ValueError(
+            f"{caller}: grad has shape {grad.shape} but the output has shape {output.shape}"
+        )
+    if not np.isfinite(grad).all():
+        raise ValueError(f"{caller}: the seed gradient contains NaN or Inf")
+    return grad
+
+
+def _topological_order(roots: Sequence[Tensor]) -> list[Tensor]:
+    """Tensors of the roots' graph, every tensor after all the ops that consume it (outputs first).
 
     An explicit stack instead of recursion, so that a chain of 100,000 ops is fine.
     """
     post_order: list[Tensor] = []
     visited: set[int] = set()
-    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    stack: list[tuple[Tensor, bool]] = [(root, False) for root in reversed(roots)]
     while stack:
         tensor, inputs_done = stack.pop()
         if inputs_done:
@@ -514,7 +497,7 @@ def _topological_order(root: Tensor) -> list[Tensor]:
         fn = tensor._ctx
         if fn is None:
             continue
-        if not hasattr(fn, "inputs") or fn.inputs is None:
+        if fn.inputs is None:
             raise RuntimeError(
                 f"backward: the graph through {fn.name} (output shape {tensor.shape}) was already "
                 "released by an earlier backward(); pass retain_graph=True to the first backward "
@@ -527,78 +510,91 @@ def _topological_order(root: Tensor) -> list[Tensor]:
     return post_order
 
 
-def run_backward(root: Tensor, seed: np.ndarray, retain_graph: bool, trace: bool) -> None:
-    """The backward loop: walk the ops from the output to the leaves, applying each VJP."""
-    order = _topological_order(root)
-    tracer = None
-    if trace:
-        from autograd.trace import BackwardTracer
+def _reaching(order: list[Tensor], targets: set[int]) -> set[int]:
+    """Ids of the tensors in `order` from which some target can be reached (targets included)."""
+    reach: set[int] = set()
+    for tensor in reversed(order):  # inputs before the ops that consume them
+        fn = tensor._ctx
+        if id(tensor) in targets or (fn is not None and any(id(p) in reach for p in fn.inputs)):
+            reach.add(id(tensor))
+    return reach
 
-        tracer = BackwardTracer()
-    pending: dict[int, np.ndarray] = {id(root): seed}
+
+def run_backward(
+    roots: Sequence[Tensor],
+    seeds: Sequence[Any],
+    retain_graph: bool,
+    observers: Sequence[hooks.Observer] = (),
+    create_graph: bool = False,
+    inputs: Sequence[Tensor] | None = None,
+) -> list[Any] | None:
+    """The backward loop: walk the ops from the outputs to the leaves, applying each VJP.
+
+    create_graph: apply each op's `vjp` (Tensors in, Tensors out) instead of its numpy
+    `backward`: the gradients are then Tensors whose own graph can be differentiated again.
+    inputs: return the gradients of these tensors (None where none arrived) instead of
+    accumulating into the leaves' .grad, running only the ops on a path to them (autograd.grad).
+    """
+    pending: dict[int, Any] = {}  # gradients waiting for their tensor
+    for root, seed in zip(roots, seeds, strict=True):
+        key = id(root)
+        pending[key] = pending[key] + seed if key in pending else seed
+    order = _topological_order(roots)
+    wanted = {id(t) for t in inputs} if inputs is not None else None
+    reach = _reaching(order, wanted) if wanted is not None else None
+    found: dict[int, Any] = {}
     adopted: set[int] = set()  # arrays that became some tensor's .grad during this pass
     for step, tensor in enumerate(order):
         grad = pending.pop(id(tensor), None)
         if grad is None:
             continue
         fn = tensor._ctx
-        if fn is None or tensor._retains_grad:
+        if wanted is not None:
+            if id(tensor) in wanted:
+                found[id(tensor)] = grad
+            if fn is None or not any(id(p) in reach for p in fn.inputs):
+                continue  # nothing below this tensor is asked for
+        elif fn is None or tensor._retains_grad:
             _accumulate(tensor, grad, adopted)
-            if fn is None:
-                if tracer is not None:
-                    tracer.leaf(tensor, grad)
-                continue
-        _check_versions(fn, tensor)
-        input_grads = fn.backward(grad)
-        if tracer is not None:
-            tracer.step(step, fn, tensor, grad, input_grads, pending)
+        if fn is None:
+            for observer in observers:
+                observer.leaf(tensor, grad)
+            continue
+        _check_saved_versions(fn)
+        input_grads = fn.vjp(grad, tensor) if create_graph else fn.backward(grad)
+        for observer in observers:
+            observer.backward_step(step, fn, tensor, grad, input_grads)
         for parent, parent_grad in zip(fn.inputs, input_grads, strict=True):
             if parent_grad is None or not parent._requires_grad:
                 continue
-            if parent_grad.shape != parent.shape:
-                raise RuntimeError(
-                    f"backward of {fn.name}: produced a gradient of shape {parent_grad.shape} "
-                    f"for an input of shape {parent.shape} (a bug in that op's VJP)"
-                )
-            if _Anomaly.enabled:
-                _check_finite(parent_grad, f"gradient produced by {fn.name}.backward", fn, [grad])
+            _check_gradient_shape(fn, parent, parent_grad)
             key = id(parent)
-            if key in pending:
-                pending[key] = pending[key] + parent_grad  # a tensor used twice: contributions add
-            else:
-                pending[key] = parent_grad
+            # a tensor used twice: its contributions add (notes 10.2)
+            pending[key] = pending[key] + parent_grad if key in pending else parent_grad
         if not retain_graph:
-            fn.inputs = None
-            fn.saved = ()
+            fn.release()
+    return None if inputs is None else [found.get(id(t)) for t in inputs]
 
 
-def _check_versions(fn: Function, output: Tensor) -> None:
-    for index, version in zip(fn._saved_inputs, fn._versions, strict=True):
-        tensor = fn.inputs[index]
-        if tensor._version != version:
-            raise RuntimeError(
-                f"backward of {fn.name}: input {index} (shape {tensor.shape}) was modified in "
-                f"place after it was saved for backward (version {version} -> {tensor._version}); "
-                "its gradient would be wrong. Use an out-of-place op or clone before changing it"
-            )
-    if fn._saves_output and output._version != 0:
+def _check_gradient_shape(fn: Function, parent: Tensor, grad: np.ndarray) -> None:
+    if grad.shape != parent.shape:
         raise RuntimeError(
-            f"backward of {fn.name}: its output (shape {output.shape}) was modified in place "
-            f"after it was saved for backward (version 0 -> {output._version})"
+            f"backward of {fn.name}: produced a gradient of shape {grad.shape} "
+            f"for an input of shape {parent.shape} (a bug in that op's VJP)"
         )
 
 
-def _accumulate(tensor: Tensor, grad: np.ndarray, adopted: set[int]) -> None:
+def _accumulate(tensor: Tensor, grad: Any, adopted: set[int]) -> None:
     """tensor.grad += grad. A first gradient that this backward pass owns outright (a fresh
     array, not a view, not handed out before) becomes .grad as it is: no copy of every parameter
-    gradient each step. Anything else is copied, so two .grad arrays never share memory."""
-    if tensor.grad is not None:
+    gradient each step. Anything else is copied, so two .grad arrays never share memory. A
+    Tensor gradient (create_graph) is kept as a Tensor, its graph with it."""
+    if isinstance(grad, Tensor):
+        tensor.grad = grad if tensor.grad is None else grad + tensor.grad
+    elif tensor.grad is not None:
         tensor.grad += grad
     elif grad.dtype == tensor.dtype and grad.flags.owndata and id(grad) not in adopted:
         adopted.add(id(grad))
         tensor.grad = grad
     else:
         tensor.grad = np.array(grad, dtype=tensor.dtype, copy=True)
-
-
-from autograd import ops as _ops  # noqa: E402  (ops subclass Function defined above)

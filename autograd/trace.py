@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from autograd import hooks
 from autograd.tensor import Function, Tensor
 
 
@@ -52,11 +53,9 @@ def _values(grad: np.ndarray, max_values: int, decimals: int) -> str:
     return "  " + text.replace("\n", "")  # one line per gradient, also for a matrix
 
 
-class BackwardTracer:
-    """Called by the backward loop once per op (step) and once per leaf reached.
-
-    The loop also passes `pending` (gradients waiting for their tensor's step); the tracer
-    keeps its own count of contributions instead, so it does not read it.
+class BackwardTracer(hooks.Observer):
+    """Called by the backward loop once per op (step) and once per leaf reached; it keeps its
+    own count of the contributions each tensor received, to show accumulations (notes 10.2).
 
     max_values: print a gradient's elements when it has at most this many (else only its norm).
     decimals: digits after the point for norms and values (6, like the notes' tables).
@@ -75,14 +74,13 @@ class BackwardTracer:
         count = self._contributions.get(id(tensor), 1)
         return f"  (sum of {count} contributions)" if count > 1 else ""
 
-    def step(
+    def backward_step(
         self,
         index: int,
         fn: Function,
         output: Tensor,
         grad: np.ndarray,
         input_grads: Sequence[np.ndarray | None],
-        pending: dict[int, np.ndarray],
     ) -> None:
         inputs = ", ".join(f"{_label(t)} {t.shape}" for t in fn.inputs)
         print(
@@ -99,8 +97,7 @@ class BackwardTracer:
         for parent, parent_grad in zip(fn.inputs, input_grads, strict=True):
             if parent_grad is None or not parent.requires_grad:
                 continue
-            # Counted here rather than read from `pending`, so that x * x (two contributions
-            # from one step) is caught too.
+            # Counted per contribution, so that x * x (two from one step) is caught too.
             seen = self._contributions.get(id(parent), 0)
             self._contributions[id(parent)] = seen + 1
             note = f"  (adds to {seen} earlier: used more than once)" if seen else ""
@@ -114,3 +111,6 @@ class BackwardTracer:
             f"      leaf {_label(tensor)} {tensor.shape}: .grad  {self._norm(grad)}"
             f"{_values(grad, self.max_values, self.decimals)}{self._summed(tensor)}"
         )
+
+
+hooks.TRACER = BackwardTracer

@@ -1,4 +1,5 @@
-"""Pictures of the computation graph: Graphviz DOT text, and SVG/PNG through the `dot` program.
+"""Pictures of the computation graph: Graphviz DOT text, SVG/PNG through the `dot` program, and
+`to_html`: an interactive page that steps through the forward and the backward pass.
 
 >>> import numpy as np
 >>> from autograd import Tensor
@@ -30,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autograd.lesson import build_lesson, write_lesson
 from autograd.tensor import Tensor
 
 _OP_STYLE = "shape=box, style=filled, fillcolor=lightsteelblue"
@@ -37,7 +39,7 @@ _PARAM_STYLE = "style=filled, fillcolor=wheat"
 _CONST_STYLE = "style=dashed"
 
 
-def _param_names(params: Any) -> dict[int, str]:
+def _param_names(params: Any, caller: str = "to_dot") -> dict[int, str]:
     """id(tensor) -> name, from a mapping name -> Tensor or anything with named_parameters()."""
     if params is None:
         return {}
@@ -45,13 +47,15 @@ def _param_names(params: Any) -> dict[int, str]:
         params = dict(params.named_parameters())
     if not isinstance(params, Mapping):
         raise TypeError(
-            "to_dot: params must be a dict of name -> Tensor or an object with "
+            f"{caller}: params must be a dict of name -> Tensor or an object with "
             f"named_parameters() (a Module), got {type(params).__name__}"
         )
     names = {}
     for name, tensor in params.items():
         if not isinstance(tensor, Tensor):
-            raise TypeError(f"to_dot: params[{name!r}] is a {type(tensor).__name__}, not a Tensor")
+            raise TypeError(
+                f"{caller}: params[{name!r}] is a {type(tensor).__name__}, not a Tensor"
+            )
         names[id(tensor)] = str(name)
     return names
 
@@ -154,3 +158,17 @@ def render(tensor: Tensor, path: str | Path, params: Any = None) -> Path:
             f"{done.stderr.decode(errors='replace').strip()}"
         )
     return path
+
+
+def to_html(output: Tensor, path: str | Path, title: str | None = None, params: Any = None) -> Path:
+    """Write a self-contained HTML lesson on the graph of the scalar `output` to `path`.
+
+    The page shows the graph (one box per op, leaves with their shapes) and steps through the
+    forward pass, then the backward pass: each op's formula and VJP from its code comment, its
+    inputs, output, the gradient arriving and the gradients leaving (`#step=N` opens step N).
+    It runs `output.backward(retain_graph=True)` itself, so .grad afterwards is what a plain
+    backward() leaves (accumulated onto any earlier .grad) and the graph is kept. One file with
+    inline SVG, CSS and JS: it opens from disk, offline. params: as for `to_dot`.
+    """
+    lesson = build_lesson(output, title=title, names=_param_names(params, "to_html"))
+    return write_lesson(lesson, path)

@@ -7,3 +7,10 @@ path and, when torch is installed (optional), PyTorch eager CPU on the same thre
 See benchmarks.runner.run_benchmarks for the programmatic entry and docs/benchmarks.md for
 the results on the reference machine.
 """
+
+import models  # noqa: E402, F401  (models checks nn and autograd)
+from autograd import check_packages  # noqa: E402
+
+check_packages(
+    "nn", "models", "benchmarks"
+)  # a folder of the same name must not shadow glassgrad's

@@ -19,44 +19,15 @@ import numpy as np
 
 
 def _cases() -> dict[str, Callable[[], object]]:
-    from autograd.kernels import attention, embedding, layernorm, softmax
+    """One small float32 call of every Numba kernel of the kernels package's table."""
+    from autograd.kernels import KERNELS, get_kernel
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((8, 16), dtype=np.float32)
-    q = rng.standard_normal((1, 2, 8, 4), dtype=np.float32)
-    y = softmax.softmax_forward_numpy(x)
-    w, b = np.ones(16, np.float32), np.zeros(16, np.float32)
-    _, mean, rstd = layernorm.layer_norm_forward_numpy(x, w, b, 1e-5)
-    o, lse = attention.attention_forward_numpy(q, q, q, True)
-    ids = rng.integers(0, 5, size=8)
-    return {
-        "softmax_forward": lambda: softmax.softmax_forward_numba(x),
-        "softmax_backward": lambda: softmax.softmax_backward_numba(y, x),
-        "log_softmax_forward": lambda: softmax.log_softmax_forward_numba(x),
-        "log_softmax_backward": lambda: softmax.log_softmax_backward_numba(y, x),
-        "logsumexp_forward": lambda: softmax.logsumexp_forward_numba(x),
-        "cross_entropy_forward": lambda: softmax.cross_entropy_forward_numba(x, ids, -100, True),
-        "layer_norm_forward": lambda: layernorm.layer_norm_forward_numba(x, w, b, 1e-5),
-        "layer_norm_backward": lambda: layernorm.layer_norm_backward_numba(x, x, w, mean, rstd),
-        "embedding_backward": lambda: embedding.embedding_backward_numba(ids, x, 5),
-        "attention_forward": lambda: attention.attention_forward_numba(q, q, q, True),
-        "attention_backward": lambda: attention.attention_backward_numba(q, q, q, o, lse, q, True),
-    }
-
-
-KERNELS = (
-    "softmax_forward",
-    "softmax_backward",
-    "log_softmax_forward",
-    "log_softmax_backward",
-    "logsumexp_forward",
-    "cross_entropy_forward",
-    "layer_norm_forward",
-    "layer_norm_backward",
-    "embedding_backward",
-    "attention_forward",
-    "attention_backward",
-)
+    cases = {}
+    for name, kernel in KERNELS.items():
+        fn, args = get_kernel(name, "numba"), kernel.example(rng, np.float32, 8, 16)
+        cases[name] = lambda fn=fn, args=args: fn(*args)
+    return cases
 
 
 def probe(names: list[str]) -> dict[str, float]:
@@ -77,4 +48,6 @@ def probe(names: list[str]) -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    from autograd.kernels import KERNELS
+
     print(json.dumps(probe(sys.argv[1:] or list(KERNELS))))

@@ -4,7 +4,7 @@
     python -m benchmarks.ddp --config mid --reps 3 --ranks 1 2 4 --json ddp.json
 
 Each measurement is one `mpiexec -n N python -m benchmarks.ddp --worker ...` job: every rank runs
-full data-parallel training steps (models.train.train_step with models.ddp.DataParallel: forward,
+full data-parallel training steps (models.loop.train_step with models.ddp.DataParallel: forward,
 backward, one Allreduce, clipping, AdamW) on its share of the same global batch, with 1 BLAS and 1
 Numba thread, so N ranks use N cores. After untimed warm-up steps (Numba cache loading, first-touch
 allocations) the ranks meet at a barrier and rank 0 times the next steps to the closing barrier.
@@ -51,7 +51,7 @@ def _worker(config: BenchConfig, steps: int, warmup: int) -> None:
     import nn
     from models import ddp
     from models.gpt import GPT
-    from models.train import train_step
+    from models.loop import train_step
 
     comm = ddp._mpi().COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()

@@ -1,4 +1,5 @@
-"""The suites: ops, kernels, train and generate. Each returns a list of records.
+"""The suites: ops, kernels, train and generate (tokenizer: benchmarks.tokenizer, ddp:
+benchmarks.ddp). Each returns a list of records.
 
 A record is {"suite", "name", "params", "variants": {variant: stats}, "ratios": {...}}: stats come
 from timing.measure (warmup_s, median_ms, min_ms, max_ms, reps, peak_mb) plus suite figures
@@ -29,8 +30,7 @@ import numpy as np
 import nn
 from autograd import Tensor, kernels, no_grad
 from autograd import functional as F
-from benchmarks import timing
-from benchmarks.compile_probe import KERNELS
+from benchmarks import timing, tokenizer
 from benchmarks.configs import STANDARD, BenchConfig, train_flops
 from models.gpt import GPT
 
@@ -122,7 +122,7 @@ def _op_cases(c: BenchConfig, rng: np.random.Generator) -> list[tuple[str, tuple
     return ops
 
 
-_KERNEL_OPS = {"layer_norm", "softmax", "attention", "cross_entropy", "embedding"}
+_KERNEL_OPS = {kernel.op for kernel in kernels.KERNELS.values()}  # ops with a numpy variant
 
 
 def _gg_step(fn: Callable, arrays: tuple) -> Callable[[], None]:
@@ -194,16 +194,11 @@ def _kernel_cases(ctx: Context, rng: np.random.Generator) -> list[tuple[str, dic
     q, k, v, go = (_rand(rng, *attn_shape) for _ in range(4))
     o, lse = K.get_kernel("attention_forward", "numpy")(q, k, v, True)
     sm_x, sm_g = _rand(rng, *sm_shape), _rand(rng, *sm_shape)
-    sm_y = K.get_kernel("softmax_forward", "numpy")(sm_x)
-    lsm_y = K.get_kernel("log_softmax_forward", "numpy")(sm_x)
     ln_x, ln_g = _rand(rng, rows, C), _rand(rng, rows, C)
     ln_w, ln_b = np.ones(C, DTYPE), np.zeros(C, DTYPE)
-    _, ln_mean, ln_rstd = K.get_kernel("layer_norm_forward", "numpy")(ln_x, ln_w, ln_b, 1e-5)
     ce_small = (_rand(rng, rows, small.vocab_size), rng.integers(0, small.vocab_size, rows))
     ce_rows = 64 if ctx.quick else 256
     ce_big = (_rand(rng, ce_rows, vocab_big), rng.integers(0, vocab_big, ce_rows))
-    emb_ids = rng.integers(0, small.vocab_size, size=(small.batch_size, small.block_size))
-    emb_g = _rand(rng, small.batch_size, small.block_size, C)
 
     def kernel(name, backend, *args):
         fn = K.get_kernel(name, backend)
@@ -287,19 +282,10 @@ def _kernel_cases(ctx: Context, rng: np.random.Generator) -> list[tuple[str, dic
                 ),
             )
         )
-    singles = [
-        ("softmax_forward", (sm_x,)),
-        ("softmax_backward", (sm_y, sm_g)),
-        ("log_softmax_forward", (sm_x,)),
-        ("log_softmax_backward", (lsm_y, sm_g)),
-        ("logsumexp_forward", (sm_x,)),
-        ("layer_norm_forward", (ln_x, ln_w, ln_b, 1e-5)),
-        ("layer_norm_backward", (ln_g, ln_x, ln_w, ln_mean, ln_rstd)),
-        ("embedding_backward", (emb_ids, emb_g, small.vocab_size)),
-        ("attention_forward", (q, k, v, True)),
-        ("attention_backward", (q, k, v, o, lse, go, True)),
-    ]
-    for name, args in singles[:1] if ctx.quick else singles:
+    # every kernel of the table alone, at the rows and width of `small` (a few in quick mode)
+    singles = list(K.KERNELS.items())
+    for name, spec in singles[:1] if ctx.quick else singles:
+        args = spec.example(rng, DTYPE, rows, C)
         shape = [list(np.shape(a)) for a in args if isinstance(a, np.ndarray)]
         cases.append(
             (name, {"shapes": shape}, lambda b, name=name, args=args: kernel(name, b, *args), None)
@@ -316,7 +302,8 @@ def kernels_suite(ctx: Context) -> list[dict[str, Any]]:
     first_call = {}
     if timing.variant_filter is None:  # not in the PyTorch process: it times only torch
         ctx.log("  kernels: compile and cached-load times (two fresh processes)")
-        first_call = compile_times(list(KERNELS[:1] if ctx.quick else KERNELS))
+        names = list(kernels.KERNELS)
+        first_call = compile_times(names[:1] if ctx.quick else names)
     for name, params, make, make_torch in _kernel_cases(ctx, np.random.default_rng(0)):
         ctx.log(f"  kernels: {name}")
         variants = {"numba": make("numba"), "numpy": make("numpy")}
@@ -571,4 +558,12 @@ def summarize_targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for name in ("attention fwd+bwd", "softmax fwd+bwd"):
         ratio = kern[name]["ratios"].get("vs_torch") if name in kern else None
         add(f"kernel {name}: no slower than torch", ratio, None if ratio is None else ratio <= 1.0)
+    tok = {r["name"]: r["variants"]["python"] for r in records if r["suite"] == "tokenizer"}
+    if "train 1000 merges" in tok:  # the full corpus (not --quick)
+        for name, limit in (
+            ("train 1000 merges", tokenizer.TRAIN_LIMIT_S),
+            ("encode corpus (cold cache)", tokenizer.ENCODE_LIMIT_S),
+        ):
+            seconds = tok[name]["median_ms"] / 1e3
+            add(f"tokenizer {name} on the demo corpus: < {limit:g} s", seconds, seconds < limit)
     return checks

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 import nn
-from models import train
+from models import loop
 from models.gpt import GPT
 
 FAIL_ENV = "GLASSGRAD_DDP_FAIL"
@@ -218,8 +218,8 @@ def _injected_failure() -> tuple[int, int] | None:
 # --- the run -------------------------------------------------------------------------------------
 
 
-class DataParallel(train.Replicas):
-    """This process as one rank of `comm` in models.train's loop (see train.Replicas).
+class DataParallel(loop.Replicas):
+    """This process as one rank of `comm` in the training loop (see models.loop.Replicas).
 
     start: checks that the global batch splits evenly, builds the one-buffer Allreduce and checks
     that every rank holds the same replica. reduce: averages the gradients, the loss and the stop
@@ -270,26 +270,13 @@ class DataParallel(train.Replicas):
         return self.reducer(loss, stop)
 
 
-def main(args: argparse.Namespace) -> int:
-    """`python -m models.train --ddp ...` under mpiexec: models.train.main hands over here."""
+def main(args: argparse.Namespace | None = None) -> int:
+    """`mpiexec -n N python -m models.ddp ...` (or `python -m models.train --ddp ...`)."""
+    args = loop.build_parser().parse_args() if args is None else args
     comm = _mpi().COMM_WORLD
     with abort_on_error(comm):
-        settings = train.resolve_settings(args)
-        with train.stop_on_interrupt() as stop:
-            history = train.train(
-                settings, args.resume, args.quiet, stop=stop, replicas=DataParallel(comm)
-            )
-    if history["interrupted"]:
-        return 130
-    if comm.Get_rank() == 0:
-        val = history["eval_val"][-1] if history["eval_val"] else float("nan")
-        print(
-            f"done: {settings['steps']} steps on {comm.Get_size()} ranks in "
-            f"{history['seconds']:.0f} s ({history['tokens_per_s']:,.0f} tokens/s); val loss "
-            f"{val:.3f} vs unigram baseline {history['baseline']:.3f} nats/token; checkpoint and "
-            f"loss.png in {settings['out']}"
-        )
-        if "sample" in history:
-            print("--- sample (temperature 0.8) ---")
-            print(history["sample"])
-    return 0
+        return loop.run(args, replicas=DataParallel(comm))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,6 +8,7 @@ gradient descent with lr 0.1, then the forward pass again (notes 11.1-11.7).
     python -m models.worked_example              # the notes' tables: forward, gradients, update
     python -m models.worked_example --explain    # step by step, with the graph and backward trace
     python -m models.worked_example --graph g.svg  # also draw the graph (needs Graphviz `dot`)
+    python -m models.worked_example --html lesson.html  # the interactive page, one offline file
 
 Every tensor carries the notes' name (X, Q, K, V, S0, S, A, Z, R, h, logits, L), so the graph and
 the backward trace read like the notes. Everything is float64; the tables print 6 decimals as the
@@ -20,12 +21,14 @@ import argparse
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 import autograd
 import autograd.functional as F
 from autograd import Tensor
+from autograd.lesson import Formula, Row, Step, build_lesson, write_lesson
 from autograd.viz import render, to_dot
 
 VOCAB = ("A", "B", "C")
@@ -36,6 +39,7 @@ LR = 0.1
 EPS = 1e-5  # central-difference step of notes 11.7
 
 PARAMETER_NAMES = ("E", "W_Q", "W_K", "W_V", "W_O", "U")
+LESSON_TITLE = "Notes ch. 11, op by op: forward, backward, one update"
 
 
 def initial_parameters() -> dict[str, np.ndarray]:
@@ -137,6 +141,8 @@ def central_difference_check(model: WorkedExample, eps: float = EPS) -> tuple[fl
 
     The analytic gradients are the .grad arrays already on the parameters; numeric ones are
     (L(theta + eps e_r) - L(theta - eps e_r)) / (2 eps), one element at a time.
+    Written out here rather than calling autograd.gradcheck, so that the notes' 11.7 procedure
+    (a fixed eps, the absolute difference the notes print) reads as one loop; tests use gradcheck.
     """
     worst, where = -1.0, ""
     for name, p in model.named_parameters():
@@ -285,6 +291,70 @@ def explain(graph_path: str | None = None) -> Results:
     return results
 
 
+def write_lesson_page(path: str | Path) -> Path:
+    """The ch. 11 lesson page: every op forward and backward (`autograd.lesson`), then 11.6."""
+    model = WorkedExample()
+    before = model.forward()
+    page = build_lesson(before.L, title=LESSON_TITLE)  # runs backward: parameters get .grad
+    page.steps[0].text.insert(
+        0,
+        "The notes' ch. 11 model: vocabulary A, B, C; input 'A B'; target C at the last position "
+        "only. The forward steps are 11.2-11.3, the backward steps 11.4-11.5, the last step 11.6.",
+    )
+    p = before.probabilities()
+    page.step_of(before.L, "forward").blocks.append(
+        (
+            "The probabilities (11.3)",
+            [Row("p = softmax(logits)", fmt(p), f"p_C = {p[2]:.6f}, so L = -ln p_C")],
+        )
+    )
+    model.step(LR)
+    with autograd.no_grad():
+        after = model.forward()
+    p_after = after.probabilities()
+    table = [("a21", before.A.data[1, 0], after.A.data[1, 0])]
+    table += [(f"p_{v}", p[i], p_after[i]) for i, v in enumerate(VOCAB)]
+    table.append(("L", before.L.item(), after.L.item()))
+    lines = [f"{'':<4} {'before':>9} {'after':>9}"]
+    lines += [f"{label:<4} {old:9.6f} {new:9.6f}" for label, old, new in table]
+    new = {name: t.data for name, t in model.params.items()}
+    page.steps.append(
+        Step(
+            "update",
+            f"One joint update (lr {LR}), then forward again",
+            badge="notes 11.6",
+            formulas=[
+                Formula(
+                    "update",
+                    f"theta <- theta - {LR} * dL/dtheta",
+                    rf"\theta_{{new}} = \theta_{{old}} - {LR}\, \nabla L(\theta_{{old}})",
+                )
+            ],
+            text=[
+                "All 24 parameter elements move at once, each with the gradient it got at the old "
+                "parameters; then the whole forward pass runs again."
+            ],
+            blocks=[
+                (
+                    "Two of the new parameters",
+                    [
+                        Row("W_Q[2]", f"1 \u2192 {new['W_Q'][1, 0]:.6f}"),
+                        Row("U[2,C]", f"0 \u2192 {new['U'][1, 2]:.6f}"),
+                    ],
+                ),
+                ("The forward pass again", [Row("", "\n".join(lines))]),
+            ],
+            marked=[page.node_of(t) for t in model.params.values()],
+        )
+    )
+    page.steps[-1].text.append(
+        "The target's probability rose but C is still not the most likely token, and the "
+        "attention on the first position (a21) went down: learning changes content, matching, "
+        "input representations and output scores together."
+    )
+    return write_lesson(page, path)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m models.worked_example", description=__doc__.splitlines()[0]
@@ -295,7 +365,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--graph", metavar="PATH", help="draw the graph to PATH (.svg/.png/.pdf; needs `dot`)"
     )
+    parser.add_argument(
+        "--html", metavar="PATH", help="write the interactive lesson page (one offline HTML file)"
+    )
     args = parser.parse_args(argv)
+    if args.html:
+        print(f"lesson written to {write_lesson_page(args.html)}")
+        return
     if args.explain:
         explain(args.graph)
         return

@@ -6,8 +6,16 @@
 ['weight', 'bias']
 """
 
+try:  # HIPS autograd (or a folder named autograd) has no check_packages
+    from autograd import check_packages
+except ImportError as exc:
+    raise ImportError(
+        "glassgrad: 'import autograd' did not find glassgrad's engine (HIPS autograd has the same "
+        "name): pip uninstall autograd, or rename the folder; see the README, Install"
+    ) from exc
+from autograd.functional import apply_rotary, linear, rotary_tables  # the primitives layers use
 from nn import optim
-from nn.attention import Block, CausalSelfAttention, LayerKVCache, apply_rotary, rotary_tables
+from nn.attention import Block, CausalSelfAttention, LayerKVCache
 from nn.checkpoint import (
     CheckpointError,
     join_optimizer_state,
@@ -16,6 +24,7 @@ from nn.checkpoint import (
     save_checkpoint,
     save_json_atomic,
     save_safetensors,
+    save_text_atomic,
     split_optimizer_state,
 )
 from nn.layers import (
@@ -27,7 +36,6 @@ from nn.layers import (
     Linear,
     ReLU,
     RMSNorm,
-    linear,
 )
 from nn.module import Module, ModuleList, Parameter, Sequential
 from nn.optim import clip_grad_norm_
@@ -75,6 +83,9 @@ __all__ = [
     "save_checkpoint",
     "save_json_atomic",
     "save_safetensors",
+    "save_text_atomic",
     "sinusoidal_table",
     "split_optimizer_state",
 ]
+
+check_packages("autograd", "nn")  # no folder of the same name may shadow glassgrad's

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 import autograd.functional as F
-from autograd import Function, Tensor, is_grad_enabled
+from autograd import Tensor, is_grad_enabled
 from nn.layers import MLP, Dropout, LayerNorm, Linear, _rng, child_rng
 from nn.module import Module
 
@@ -56,51 +56,6 @@ class LayerKVCache:
         self.length = 0
 
 
-def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate each coordinate pair (x[..., r], x[..., r + D/2]) by the angle whose cos/sin given."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    out = np.empty_like(x)
-    out[..., :half] = x1 * cos - x2 * sin
-    out[..., half:] = x1 * sin + x2 * cos
-    return out
-
-
-class Rotary(Function):
-    # Rotary position embedding (notes 8.6): position p turns the pair (x1_r, x2_r) by p * w_r:
-    #   y1 = x1 cos - x2 sin,  y2 = x1 sin + x2 cos.
-    # A rotation is orthogonal, so its VJP is the inverse rotation (angle -p * w_r):
-    #   dx1 = g1 cos + g2 sin,  dx2 = -g1 sin + g2 cos.
-    def forward(self, x, cos=None, sin=None):
-        self.save_for_backward(cos, sin)
-        return _rotate(x, cos, sin)
-
-    def backward(self, g):
-        cos, sin = self.saved
-        return (_rotate(g, cos, -sin),)
-
-
-def rotary_tables(max_len: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, ...]:
-    """cos and sin of p * w_r for positions p < max_len, w_r = base^(-2r / D), r < D/2 (float64)."""
-    if head_dim % 2:
-        raise ValueError(f"rotary: head_dim must be even to form coordinate pairs, got {head_dim}")
-    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(angles), np.sin(angles)
-
-
-def apply_rotary(x: Tensor, cos: np.ndarray, sin: np.ndarray, offset: int = 0) -> Tensor:
-    """Rotate x (B, H, T, D) for absolute positions offset .. offset + T - 1 (notes 8.6)."""
-    t = x.shape[-2]
-    if offset + t > cos.shape[0]:
-        raise ValueError(
-            f"rotary: positions up to {offset + t - 1} exceed the table's max_len {cos.shape[0]}"
-        )
-    c = cos[offset : offset + t].astype(x.dtype, copy=False)
-    s = sin[offset : offset + t].astype(x.dtype, copy=False)
-    return Rotary.apply(x, cos=c, sin=s)
-
-
 class CausalSelfAttention(Module):
     """Multi-head causal self-attention (notes 7.4, 8.1) with a fused q/k/v projection.
 
@@ -136,7 +91,7 @@ class CausalSelfAttention(Module):
         self.c_proj = Linear(n_embd, n_embd, bias=bias, rng=rng, std=0.02 / math.sqrt(2 * n_layer))
         self.resid_dropout = Dropout(dropout, rng=child_rng(rng))
         if rotary:
-            self._cos, self._sin = rotary_tables(max_len, self.head_dim)
+            self._cos, self._sin = F.rotary_tables(max_len, self.head_dim)
 
     def forward(self, x: Tensor, kv_cache: LayerKVCache | None = None) -> Tensor:
         if x.ndim != 3 or x.shape[-1] != self.n_embd:
@@ -149,8 +104,8 @@ class CausalSelfAttention(Module):
         q, k, v = qkv[0], qkv[1], qkv[2]
         offset = 0 if kv_cache is None else kv_cache.length
         if self.rotary:
-            q = apply_rotary(q, self._cos, self._sin, offset)
-            k = apply_rotary(k, self._cos, self._sin, offset)
+            q = F.apply_rotary(q, self._cos, self._sin, offset)
+            k = F.apply_rotary(k, self._cos, self._sin, offset)
         if kv_cache is not None:
             if is_grad_enabled() and qkv.requires_grad:
                 raise RuntimeError(

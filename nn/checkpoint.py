@@ -75,10 +75,14 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def save_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write text to path as UTF-8, atomically (temporary file + rename)."""
+    _write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
 def save_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Write obj as JSON to path atomically (temporary file + rename)."""
-    text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    _write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+    save_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 # --- safetensors --------------------------------------------------------------------------------
@@ -192,7 +196,7 @@ def _check_entry(path: Path, name: str, info: Any) -> tuple[str, tuple[int, ...]
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
         raise CheckpointError(f"{path}: malformed header entry for {name!r}: {info!r}")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if dtype not in _DTYPES and dtype != "BF16":
+    if not isinstance(dtype, str) or (dtype not in _DTYPES and dtype != "BF16"):
         raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype!r}")
     ints = shape + offsets if isinstance(shape, list) and isinstance(offsets, list) else None
     if ints is None or len(offsets) != 2 or not all(type(x) is int and x >= 0 for x in ints):

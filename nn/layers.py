@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 import autograd.functional as F
-from autograd import Function, Tensor
+from autograd import Tensor
 from nn.module import Module, Parameter
 
 
@@ -25,44 +25,6 @@ def _rng(rng: np.random.Generator | None) -> np.random.Generator:
 def child_rng(rng: np.random.Generator) -> np.random.Generator:
     """An independent Generator derived from `rng` (each Dropout gets its own mask stream)."""
     return rng.spawn(1)[0]
-
-
-class LinearFn(Function):
-    # out = x @ W + b over the last axis of x (any leading dims), as one 2-d product:
-    # dx = g @ W^T;  dW = x^T g;  db = sum of g over rows      (notes 10.4)
-    # Flattening the leading dims turns dW into a single (in, N) @ (N, out) GEMM instead of a
-    # batched product followed by a sum.
-    def forward(self, x, weight, bias=None):
-        if x.shape[-1] != weight.shape[0]:
-            raise ValueError(
-                f"linear: x's last dimension {x.shape[-1]} must equal weight's in_features "
-                f"{weight.shape[0]} (x {x.shape}, weight {weight.shape})"
-            )
-        x2 = x.reshape(-1, x.shape[-1])
-        out = x2 @ weight
-        if bias is not None:
-            out += bias
-        self.save_for_backward(x2, weight, x.shape, bias is not None)
-        return out.reshape(x.shape[:-1] + (weight.shape[1],))
-
-    def backward(self, g):
-        x2, weight, x_shape, has_bias = self.saved
-        g2 = g.reshape(-1, g.shape[-1])
-        gx = (g2 @ weight.T).reshape(x_shape)
-        gw = x2.T @ g2
-        return (gx, gw, g2.sum(axis=0)) if has_bias else (gx, gw)
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight + bias with weight (in, out) (notes 3.2), for x of any shape (..., in)."""
-    if weight.ndim != 2 or (bias is not None and bias.shape != weight.shape[1:]):
-        raise ValueError(
-            f"linear: weight must be (in, out) and bias (out,), got weight {weight.shape}, "
-            f"bias {None if bias is None else bias.shape}"
-        )
-    if bias is None:
-        return LinearFn.apply(x, weight)
-    return LinearFn.apply(x, weight, bias)
 
 
 class Linear(Module):
@@ -83,7 +45,7 @@ class Linear(Module):
         self.bias = Parameter(np.zeros(out_features)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (

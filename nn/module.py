@@ -153,6 +153,21 @@ class Module:
         return sum(p.size for p in self.parameters())
 
     # --- modes and gradients -------------------------------------------------------------------
+    def to(self, dtype: Any) -> Module:
+        """Cast every parameter and float buffer to `dtype` in place (float32 or float64)."""
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise ValueError(f"{type(self).__name__}.to: expected float32 or float64, got {dtype}")
+        with no_grad():
+            for module in self.modules():
+                for param in module._parameters.values():
+                    param.data = param.data.astype(dtype)  # bumps the version: old graphs fail
+                for name, buf in module._buffers.items():
+                    if buf.dtype.kind == "f":
+                        module._buffers[name] = buf.astype(dtype)
+                        object.__setattr__(module, name, module._buffers[name])
+        return self
+
     def train(self, mode: bool = True) -> Module:
         """Set training mode (dropout active) on this module and all submodules."""
         for module in self.modules():

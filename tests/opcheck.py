@@ -1,4 +1,6 @@
-"""The one helper every op test uses: forward vs numpy, backward vs central differences."""
+"""The one helper every op test uses: forward vs numpy, backward vs central differences, and the
+discipline every VJP keeps (it changes none of its inputs and returns fresh arrays); and its
+second-order twin, check_op_twice: the double backward vs central differences of the gradient."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import numpy as np
 import autograd
 from autograd import Tensor
 
-MAX_REL_ERROR = 1e-6  # the property suite's bar for |analytic - numeric| / max(1, |values|)
+# The property suite's bar: |analytic - numeric| <= TOLERANCE * (1 + |numeric|) on every element.
+TOLERANCE = 1e-6
 
 
 def check_op(
@@ -23,22 +26,35 @@ def check_op(
     """Check `op` (Tensors -> Tensor) on float64 copies of `arrays`.
 
     Forward: equal to `reference` (the same maths written with plain numpy) within forward_rtol.
-    Backward: every input marked differentiable is gradchecked against central differences and
-    the worst relative error must be <= MAX_REL_ERROR. The default step grows with the inputs'
-    magnitude, 1e-6 * max(1, |x|)^(1/3), balancing rounding error in L (which grows with |x|)
-    against truncation error (which grows with the step): at |x| ~ 1e3 the step is 1e-5.
+    Backward: every input marked differentiable is gradchecked against central differences with
+    atol = rtol = TOLERANCE. The default step grows with the inputs' magnitude,
+    1e-6 * max(1, |x|)^(1/3), balancing rounding error in L (which grows with |x|) against
+    truncation error (which grows with the step): at |x| ~ 1e3 the step is 1e-5.
+    Every node's VJP is also called by hand to check it mutates nothing and aliases nothing.
     """
-    autograd.set_default_dtype(np.float64)
-    differentiable = differentiable or [True] * len(arrays)
-    inputs = [
-        Tensor(np.array(a, dtype=np.float64), requires_grad=d) if d else a
-        for a, d in zip(arrays, differentiable, strict=True)
-    ]
+    inputs = _float64_inputs(arrays, differentiable)
     out = op(*inputs)
     assert out.dtype == np.float64, f"float64 in, {out.dtype} out"
     if reference is not None:
         expected = reference(*[np.array(a, dtype=np.float64) for a in arrays])
         np.testing.assert_allclose(out.data, expected, rtol=forward_rtol, atol=forward_rtol)
+    check_vjp_discipline(out)
+    op_of_tensors, tensors, eps = _of_tensors(op, inputs, eps)
+    autograd.gradcheck(op_of_tensors, tensors, eps=eps, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def _float64_inputs(arrays, differentiable):
+    autograd.set_default_dtype(np.float64)
+    differentiable = differentiable or [True] * len(arrays)
+    return [
+        Tensor(np.array(a, dtype=np.float64), requires_grad=d) if d else a
+        for a, d in zip(arrays, differentiable, strict=True)
+    ]
+
+
+def _of_tensors(op, inputs, eps):
+    """op as a function of its Tensor inputs only, those inputs, and the central-difference step
+    (see check_op) when eps is None."""
     tensors = [t for t in inputs if isinstance(t, Tensor)]
     if eps is None:
         finite = [np.abs(t.data[np.isfinite(t.data)]) for t in tensors]
@@ -49,7 +65,59 @@ def check_op(
         it = iter(ts)
         return op(*[next(it) if isinstance(x, Tensor) else x for x in inputs])
 
-    result = autograd.gradcheck(
-        op_of_tensors, tensors, eps=eps, atol=np.inf, rtol=np.inf, raise_exception=False
+    return op_of_tensors, tensors, eps
+
+
+def check_op_twice(op, arrays, differentiable=None, eps=None) -> None:
+    """gradgradcheck `op` on float64 copies of `arrays` (the same tolerance and step as check_op):
+    the create_graph gradient against central differences of the op, then its derivatives (the
+    double backward) against central differences of that gradient."""
+    inputs = _float64_inputs(arrays, differentiable)
+    op_of_tensors, tensors, eps = _of_tensors(op, inputs, eps)
+    autograd.gradgradcheck(op_of_tensors, tensors, eps=eps, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def check_example_twice(example) -> None:
+    """check_op_twice on an `op_cases.Example`."""
+    check_op_twice(example.op, example.arrays, example.differentiable)
+
+
+def check_example(example) -> None:
+    """check_op on an `op_cases.Example`."""
+    check_op(
+        example.op,
+        example.reference,
+        example.arrays,
+        example.differentiable,
+        forward_rtol=example.forward_rtol,
     )
-    assert result.max_rel_error <= MAX_REL_ERROR, str(result)
+
+
+def check_vjp_discipline(out: Tensor, seed: int = 1) -> None:
+    """MyGrad's checks, on every node of out's graph: backward(g) leaves g, the node's inputs and
+    its output unchanged, and the gradients it returns share memory with none of g, the inputs or
+    each other (the engine adopts a returned array as .grad without copying it)."""
+    rng = np.random.default_rng(seed)
+    nodes, seen, stack = [], set(), [out]
+    while stack:
+        t = stack.pop()
+        if t.op is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        nodes.append((t.op, t))
+        stack.extend(t.op.inputs)
+    for fn, output in nodes:
+        g = rng.standard_normal(output.shape).astype(output.dtype)
+        before = [g.copy(), output.data.copy(), *(t.data.copy() for t in fn.inputs)]
+        grads = fn.backward(g)
+        after = [g, output.data, *(t.data for t in fn.inputs)]
+        labels = ["g", "its output", *(f"input {i}" for i in range(len(fn.inputs)))]
+        for label, b, a in zip(labels, before, after, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"{fn.name}.backward changed {label}")
+        grads = [r for r in grads if r is not None]
+        for i, r in enumerate(grads):
+            others = [g, *(t.data for t in fn.inputs), *grads[:i]]
+            assert not any(np.shares_memory(r, o) for o in others), (
+                f"{fn.name}.backward: gradient {i} shares memory with g, an input or another "
+                "gradient"
+            )

@@ -400,3 +400,62 @@ def test_mixed_files_from_an_interrupted_save_are_detected(tmp_path, monkeypatch
     for name, value in fresh.state_dict().items():  # nothing was loaded
         np.testing.assert_array_equal(value, untouched[name])
     assert not np.array_equal(untouched["wte.weight"], before["wte.weight"])
+
+
+_ODD_VALUES = [None, True, 1.5, -1, 2**70, "F32", "", [], ["F32"], {}, {"a": 1}, [1, "2"], [-3, 4]]
+
+
+def _mutants(valid: bytes, rng: np.random.Generator, count: int):
+    """Seeded variants of a valid file: byte flips, truncations, and header entries rewritten
+    with values of odd types and odd offsets."""
+    n = int.from_bytes(valid[:8], "little")
+    header = json.loads(valid[8 : 8 + n])
+    data = valid[8 + n :]
+    for i in range(count):
+        kind = i % 3
+        if kind == 0:  # flip 1-3 random bytes anywhere (length prefix, header or data)
+            raw = bytearray(valid)
+            for _ in range(rng.integers(1, 4)):
+                raw[rng.integers(len(raw))] ^= 1 << int(rng.integers(8))
+            yield bytes(raw)
+        elif kind == 1:
+            yield valid[: rng.integers(len(valid))]
+        else:
+            mutated = json.loads(json.dumps(header))
+            name = str(rng.choice([k for k in mutated if k != "__metadata__"]))
+            field = str(rng.choice(["dtype", "shape", "data_offsets", "__entry__", "__metadata__"]))
+            value = _ODD_VALUES[rng.integers(len(_ODD_VALUES))]
+            if field == "__entry__":
+                mutated[name] = value
+            elif field == "__metadata__":
+                mutated["__metadata__"] = value if rng.random() < 0.5 else {"k": value}
+            else:
+                mutated[name][field] = value
+            encoded = json.dumps(mutated).encode()
+            yield len(encoded).to_bytes(8, "little") + encoded + data
+
+
+def test_fuzzed_files_give_checkpoint_errors_naming_the_file(tmp_path):
+    """Every malformed file gives a CheckpointError that names the file; nothing else escapes."""
+    good = tmp_path / "good.safetensors"
+    arrays = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.ones(4, dtype=np.int64),
+        "c": np.zeros((), dtype=np.float64),
+    }
+    nn.save_safetensors(good, arrays, metadata={"step": "3"})
+    valid = good.read_bytes()
+    path = tmp_path / "mutant.safetensors"
+    outcomes = {"error": 0, "loaded": 0}
+    for mutant in _mutants(valid, np.random.default_rng(0), 1500):
+        path.write_bytes(mutant)
+        try:
+            loaded, _ = nn.load_safetensors(path)
+        except nn.CheckpointError as exc:
+            assert str(path) in str(exc)
+            outcomes["error"] += 1
+            continue
+        outcomes["loaded"] += 1  # a flip inside the data, or a harmless one: the file is valid
+        for name, array in loaded.items():
+            assert isinstance(array, np.ndarray), name
+    assert outcomes["error"] > 500 and outcomes["loaded"] > 50, outcomes

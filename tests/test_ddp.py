@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import nn
-from models import ddp, train
+from models import ddp, loop
 from models.gpt import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,8 +147,8 @@ def two_rank_run(mpi, data_file, tmp_path_factory):
 
 
 def test_two_ranks_equal_one_process(two_rank_run, data_file, tmp_path):
-    reference = train.train(
-        {**train.DEFAULTS, **SETTINGS, "data": str(data_file), "out": str(tmp_path / "one")},
+    reference = loop.train(
+        {**loop.DEFAULTS, **SETTINGS, "data": str(data_file), "out": str(tmp_path / "one")},
         quiet=True,
     )
     losses, params = saved(two_rank_run)
@@ -171,8 +171,8 @@ def test_failing_rank_stops_the_job_and_every_rank_resumes(mpi, two_rank_run, da
     # A checkpoint of a 2-rank run also resumes in one process (the global batch is the same).
     single = tmp_path / "single"
     shutil.copytree(out, single)
-    history = train.train(
-        train.resolve_settings(train.build_parser().parse_args(["--out", str(single), "--resume"])),
+    history = loop.train(
+        loop.resolve_settings(loop.build_parser().parse_args(["--out", str(single), "--resume"])),
         resume=True,
         quiet=True,
     )
@@ -282,6 +282,6 @@ def test_replicas_that_differ_are_named(float64):
 
 
 def test_dropout_is_refused_with_ddp(data_file, tmp_path):
-    settings = {**train.DEFAULTS, **SETTINGS, "data": str(data_file), "out": str(tmp_path)}
+    settings = {**loop.DEFAULTS, **SETTINGS, "data": str(data_file), "out": str(tmp_path)}
     with pytest.raises(SystemExit, match="--dropout 0.1 is not supported with --ddp"):
-        train.train({**settings, "dropout": 0.1}, replicas=ddp.DataParallel(FakeComm()))
+        loop.train({**settings, "dropout": 0.1}, replicas=ddp.DataParallel(FakeComm()))

@@ -9,7 +9,6 @@ from hypothesis.extra.numpy import arrays
 import autograd
 import autograd.functional as F
 from models.gpt import GPT, GPTConfig, choose_next_token, next_token_probs
-from nn.layers import LinearFn
 
 VOCAB, BLOCK = 13, 12
 
@@ -69,7 +68,7 @@ def test_cached_decoding_does_linear_work_per_token(monkeypatch):
     the cached keys: the work of a step grows like T (the attention row), not T^2."""
     model = model_for(np.float32, n_layer=3)
     attention_shapes, linear_rows = [], []
-    attention_forward, linear_forward = F.Attention.forward, LinearFn.forward
+    attention_forward, linear_forward = F.Attention.forward, F.Linear.forward
 
     def record_attention(self, q, k, v, causal=True):
         attention_shapes.append((q.shape[2], k.shape[2]))
@@ -80,7 +79,7 @@ def test_cached_decoding_does_linear_work_per_token(monkeypatch):
         return linear_forward(self, x, weight, bias)
 
     monkeypatch.setattr(F.Attention, "forward", record_attention)
-    monkeypatch.setattr(LinearFn, "forward", record_linear)
+    monkeypatch.setattr(F.Linear, "forward", record_linear)
     batch, start, new = 2, 4, BLOCK - 4
     model.generate(prompt(batch, start), new, temperature=0, use_cache=True)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import nn
-from models import sample, train
+from models import loop, sample, train
 from models.gpt import GPT
 from models.tokenizer import CharTokenizer
 
@@ -30,7 +30,7 @@ def data_file(tmp_path):
 
 def tiny_settings(data_file, out, **overrides):
     settings = {
-        **train.DEFAULTS,
+        **loop.DEFAULTS,
         "data": str(data_file),
         "out": str(out),
         "steps": 12,
@@ -52,7 +52,7 @@ def tiny_settings(data_file, out, **overrides):
 
 def test_short_run_loss_falls(data_file, tmp_path):
     settings = tiny_settings(data_file, tmp_path / "run", steps=40, eval_every=20)
-    history = train.train(settings, quiet=True)
+    history = loop.train(settings, quiet=True)
     losses = history["loss"]
     assert len(losses) == 40
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0
@@ -61,16 +61,16 @@ def test_short_run_loss_falls(data_file, tmp_path):
 
 
 def test_same_seed_gives_bit_identical_losses(data_file, tmp_path):
-    a = train.train(tiny_settings(data_file, tmp_path / "a", eval_every=12), quiet=True)
-    b = train.train(tiny_settings(data_file, tmp_path / "b", eval_every=12), quiet=True)
+    a = loop.train(tiny_settings(data_file, tmp_path / "a", eval_every=12), quiet=True)
+    b = loop.train(tiny_settings(data_file, tmp_path / "b", eval_every=12), quiet=True)
     assert a["loss"] == b["loss"]
-    c = train.train(tiny_settings(data_file, tmp_path / "c", eval_every=12, seed=7), quiet=True)
+    c = loop.train(tiny_settings(data_file, tmp_path / "c", eval_every=12, seed=7), quiet=True)
     assert c["loss"] != a["loss"]
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 def test_resume_continues_with_exactly_the_uninterrupted_losses(data_file, tmp_path, dropout):
-    full = train.train(tiny_settings(data_file, tmp_path / "full", dropout=dropout), quiet=True)
+    full = loop.train(tiny_settings(data_file, tmp_path / "full", dropout=dropout), quiet=True)
 
     # Interrupt after step 6 (not a multiple of eval_every): the stop request is honoured at the
     # next step boundary, as a Ctrl-C is, and the checkpoint is written there.
@@ -82,11 +82,11 @@ def test_resume_continues_with_exactly_the_uninterrupted_losses(data_file, tmp_p
             stop.set()
 
     settings = tiny_settings(data_file, tmp_path / "cut", dropout=dropout)
-    cut = train.train(settings, quiet=True, after_backward=stop_after_six, stop=stop)
+    cut = loop.train(settings, quiet=True, after_backward=stop_after_six, stop=stop)
     assert cut["interrupted"] and len(cut["loss"]) == 6
     assert json.loads((tmp_path / "cut" / "train_state.json").read_text())["step"] == 6
 
-    resumed = train.train(settings, resume=True, quiet=True)
+    resumed = loop.train(settings, resume=True, quiet=True)
     assert resumed["loss"] == full["loss"]  # steps 0-5 from the checkpoint, 6-11 recomputed
     assert resumed["eval_val"] == full["eval_val"]
     a = nn.load_safetensors(tmp_path / "full" / "model.safetensors")[0]
@@ -97,7 +97,7 @@ def test_resume_continues_with_exactly_the_uninterrupted_losses(data_file, tmp_p
 
 def test_after_backward_hook_sees_every_parameter_each_step(data_file, tmp_path):
     seen = []
-    history = train.train(
+    history = loop.train(
         tiny_settings(data_file, tmp_path / "run", steps=3),
         quiet=True,
         after_backward=lambda params: seen.append(all(p.grad is not None for p in params)),
@@ -143,20 +143,20 @@ def test_cli_writes_checkpoint_plot_and_sample(data_file, tmp_path, capsys):
 
 def test_resume_detects_a_save_cut_short(data_file, tmp_path):
     settings = tiny_settings(data_file, tmp_path / "run", steps=4)
-    train.train(settings, quiet=True)
+    loop.train(settings, quiet=True)
     state_path = tmp_path / "run" / "train_state.json"
     state = json.loads(state_path.read_text())
     state["step"] = 8
     state_path.write_text(json.dumps(state))
     with pytest.raises(SystemExit, match="inconsistent"):
-        train.train({**settings, "steps": 10}, resume=True, quiet=True)
+        loop.train({**settings, "steps": 10}, resume=True, quiet=True)
     with pytest.raises(SystemExit, match="no checkpoint"):
-        train.train({**settings, "out": str(tmp_path / "none")}, resume=True, quiet=True)
+        loop.train({**settings, "out": str(tmp_path / "none")}, resume=True, quiet=True)
 
 
 def test_first_ctrl_c_requests_a_stop_second_interrupts():
     before = signal.getsignal(signal.SIGINT)  # (a background job starts with SIGINT ignored)
-    with train.stop_on_interrupt() as stop:
+    with loop.stop_on_interrupt() as stop:
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.wait(5)
         with pytest.raises(KeyboardInterrupt):

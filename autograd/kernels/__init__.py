@@ -45,27 +45,41 @@ never modified, and bad shapes raise ``ValueError`` naming the kernel and the sh
 
 import importlib
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import NamedTuple
 
-from ._common import start_threads  # numpy-only module: importing it does not import Numba
+from . import examples  # numpy only, like _common: importing them does not import Numba
+from ._common import start_threads
 
 BACKENDS = ("numba", "numpy")
 
-# public name -> topic module that implements it
-_TOPIC = {
-    "softmax_forward": "softmax",
-    "softmax_backward": "softmax",
-    "log_softmax_forward": "softmax",
-    "log_softmax_backward": "softmax",
-    "logsumexp_forward": "softmax",
-    "cross_entropy_forward": "softmax",
-    "gelu_forward": "gelu",
-    "gelu_backward": "gelu",
-    "layer_norm_forward": "layernorm",
-    "layer_norm_backward": "layernorm",
-    "embedding_backward": "embedding",
-    "attention_forward": "attention",
-    "attention_backward": "attention",
+
+class Kernel(NamedTuple):
+    """One kernel: the topic module that implements it, the autograd.functional op that calls
+    it, and its example arguments (kernels/examples.py)."""
+
+    topic: str
+    op: str
+    example: Callable
+
+
+# THE table of kernels: the dispatch below, the kernel-vs-reference tests, the compile probe and the
+# kernel benchmarks are all derived from it, so a new kernel is registered here and nowhere else.
+KERNELS: dict[str, Kernel] = {
+    "softmax_forward": Kernel("softmax", "softmax", examples.softmax_forward),
+    "softmax_backward": Kernel("softmax", "softmax", examples.softmax_backward),
+    "log_softmax_forward": Kernel("softmax", "log_softmax", examples.log_softmax_forward),
+    "log_softmax_backward": Kernel("softmax", "log_softmax", examples.log_softmax_backward),
+    "logsumexp_forward": Kernel("softmax", "logsumexp", examples.logsumexp_forward),
+    "cross_entropy_forward": Kernel("softmax", "cross_entropy", examples.cross_entropy_forward),
+    "gelu_forward": Kernel("gelu", "gelu", examples.gelu_forward),
+    "gelu_backward": Kernel("gelu", "gelu", examples.gelu_backward),
+    "layer_norm_forward": Kernel("layernorm", "layer_norm", examples.layer_norm_forward),
+    "layer_norm_backward": Kernel("layernorm", "layer_norm", examples.layer_norm_backward),
+    "embedding_backward": Kernel("embedding", "embedding", examples.embedding_backward),
+    "attention_forward": Kernel("attention", "attention", examples.attention_forward),
+    "attention_backward": Kernel("attention", "attention", examples.attention_backward),
 }
 
 
@@ -102,9 +116,9 @@ def use_backend(name):
 
 def get_kernel(name, backend=None):
     """The implementation of public kernel `name` for `backend` (default: the current one)."""
-    if name not in _TOPIC:
-        raise ValueError(f"unknown kernel {name!r}; known kernels: {', '.join(_TOPIC)}")
-    module = importlib.import_module(f"{__name__}.{_TOPIC[name]}")
+    if name not in KERNELS:
+        raise ValueError(f"unknown kernel {name!r}; known kernels: {', '.join(KERNELS)}")
+    module = importlib.import_module(f"{__name__}.{KERNELS[name].topic}")
     return getattr(module, f"{name}_{_checked(backend or _backend)}")
 
 
@@ -178,10 +192,12 @@ def attention_backward(q, k, v, o, lse, go, causal=True):
 
 __all__ = [
     "BACKENDS",
+    "KERNELS",
+    "Kernel",
     "get_backend",
     "set_backend",
     "use_backend",
     "get_kernel",
     "start_threads",
-    *_TOPIC,
+    *KERNELS,
 ]

@@ -83,7 +83,10 @@ def log_softmax_backward_numpy(y, gy):
 
 
 def _check_cross_entropy(logits, targets, ignore_index):
-    """Validate; return logits, int64 targets, the non-ignored mask and its count."""
+    """Validate; return logits, int64 targets, the non-ignored mask and its count.
+
+    The range check stays here although autograd.functional checks too: a Numba kernel does no
+    bounds checking, and one out-of-range target would write outside dlogits (heap corruption)."""
     kernel = "cross_entropy"
     logits = float_array(logits, kernel, "logits")
     targets = int_array(targets, kernel, "targets")

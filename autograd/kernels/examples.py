@@ -1,0 +1,97 @@
+"""Example arguments of every kernel, at any size: what the kernel-vs-reference tests, the compile
+probe and the kernel benchmarks call each kernel with (the `KERNELS` table points here).
+
+Each function takes (rng, dtype, rows, width) and returns the kernel's positional arguments.
+Backward kernels get the outputs of their reference forward. Values include -inf entries where the
+op allows them. numpy only; the reference modules are imported on the first call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _rows(rng, dtype, rows, width, with_inf=True):
+    x = rng.standard_normal((rows, width)).astype(dtype)
+    if with_inf and rows > 3:
+        x[3, ::4] = -np.inf
+    return x
+
+
+def _ids(rng, rows, vocab, ignored=True):
+    ids = rng.integers(0, vocab, rows)
+    if ignored:
+        ids[::5] = -100
+    return ids
+
+
+def softmax_forward(rng, dtype, rows, width):
+    return (_rows(rng, dtype, rows, width),)
+
+
+def softmax_backward(rng, dtype, rows, width):
+    from autograd.kernels import softmax
+
+    x = _rows(rng, dtype, rows, width)
+    return softmax.softmax_forward_numpy(x), _rows(rng, dtype, rows, width, with_inf=False)
+
+
+log_softmax_forward = logsumexp_forward = softmax_forward
+
+
+def log_softmax_backward(rng, dtype, rows, width):
+    from autograd.kernels import softmax
+
+    x = _rows(rng, dtype, rows, width)
+    return softmax.log_softmax_forward_numpy(x), _rows(rng, dtype, rows, width, with_inf=False)
+
+
+def cross_entropy_forward(rng, dtype, rows, width):
+    return _rows(rng, dtype, rows, width, with_inf=False), _ids(rng, rows, width), -100, True
+
+
+def gelu_forward(rng, dtype, rows, width):
+    return (3 * _rows(rng, dtype, rows, width, with_inf=False),)
+
+
+def gelu_backward(rng, dtype, rows, width):
+    x = (3 * _rows(rng, dtype, rows, width, with_inf=False)).clip(-5, 5)
+    return _rows(rng, dtype, rows, width, with_inf=False), x, np.tanh(x)
+
+
+def layer_norm_forward(rng, dtype, rows, width):
+    x = _rows(rng, dtype, rows, width, with_inf=False)  # LayerNorm of a row with -inf is NaN
+    w, b = (rng.standard_normal(width).astype(dtype) for _ in range(2))
+    return x, w, b, 1e-5
+
+
+def layer_norm_backward(rng, dtype, rows, width):
+    from autograd.kernels import layernorm
+
+    x, w, b, eps = layer_norm_forward(rng, dtype, rows, width)
+    _, mean, rstd = layernorm.layer_norm_forward_numpy(x, w, b, eps)
+    return _rows(rng, dtype, rows, width, with_inf=False), x, w, mean, rstd
+
+
+def embedding_backward(rng, dtype, rows, width):
+    vocab = 7
+    return _ids(rng, rows, vocab, ignored=False), _rows(rng, dtype, rows, width, False), vocab
+
+
+def _qkv(rng, dtype, rows, width):
+    """(B, H, T, D) = (2, 3, rows, width // 6 + 1): T not a multiple of the 64-row block."""
+    shape = (2, 3, rows, width // 6 + 1)
+    return tuple(rng.standard_normal(shape).astype(dtype) for _ in range(4))
+
+
+def attention_forward(rng, dtype, rows, width):
+    q, k, v, _ = _qkv(rng, dtype, rows, width)
+    return q, k, v, True
+
+
+def attention_backward(rng, dtype, rows, width):
+    from autograd.kernels import attention
+
+    q, k, v, go = _qkv(rng, dtype, rows, width)
+    o, lse = attention.attention_forward_numpy(q, k, v, True)
+    return q, k, v, o, lse, go, True

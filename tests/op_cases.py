@@ -1,0 +1,561 @@
+"""The property suite's registry: every differentiable op of the engine, one entry each.
+
+An entry is a hypothesis strategy that draws an `Example` (the op on Tensors, the same maths in
+plain numpy, the input arrays) and the kernel backend it runs under. `test_ops_property.py` runs
+`check_op` on every entry; `test_mutation.py` breaks every entry's backward and checks that
+`check_op` notices. Adding an op = one `register(...)` line here, and both suites cover it.
+
+Shapes include 0-d, size-1 and broadcast dims, negative axes and T = 1; values include large
+magnitudes, exact zeros where the derivative is defined there, and -inf masks where they are legal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import assume
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import autograd
+import autograd.functional as F
+import nn
+
+
+@dataclass(frozen=True)
+class Example:
+    """One drawn case: check_op(op, reference, arrays, differentiable, forward_rtol)."""
+
+    op: Callable
+    reference: Callable | None
+    arrays: list
+    differentiable: list | None = None
+    forward_rtol: float = 1e-10
+
+
+@dataclass(frozen=True)
+class Case:
+    strategy: st.SearchStrategy
+    backend: str = "numba"  # the kernel path the op runs on ("numpy": the reference kernels)
+
+
+CASES: dict[str, Case] = {}
+
+
+def register(name: str, strategy: st.SearchStrategy, both_backends: bool = False) -> None:
+    """Add an op; `both_backends` registers it once per kernel path (name[numba], name[numpy])."""
+    if both_backends:
+        for backend in ("numba", "numpy"):
+            CASES[f"{name}[{backend}]"] = Case(strategy, backend)
+    else:
+        CASES[name] = Case(strategy)
+
+
+def seeded(draw) -> np.random.Generator:
+    return np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+
+
+SHAPE = hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=4)
+SHAPE_1D_UP = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5)
+BROADCAST_PAIR = hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, max_side=4)
+
+
+@st.composite
+def values(draw, shapes, low=-3.0, high=3.0, away_from_zero=0.0, large=False, zeros=False):
+    """Arrays of the given shapes: seeded uniform values; `large` sometimes scales them by 1e3;
+    `zeros` sets some elements to exactly 0 (only where the op's derivative exists at 0)."""
+    rng = seeded(draw)
+    scale = draw(st.sampled_from([1.0, 1.0, 1e3])) if large else 1.0
+    with_zeros = zeros and draw(st.booleans())
+    arrays = []
+    for shape in shapes:
+        x = rng.uniform(low, high, size=shape)
+        if away_from_zero:  # keep kinks and poles (relu at 0, 1/x) out of the eps neighbourhood
+            x = np.where(x >= 0, x + away_from_zero, x - away_from_zero)
+        x = x * scale
+        if with_zeros:
+            x = np.where(rng.random(shape) < 0.3, 0.0, x)
+        arrays.append(x)
+    return arrays
+
+
+def elementwise(op, reference, arrays_strategy):
+    return arrays_strategy.map(lambda arrays: Example(op, reference, arrays))
+
+
+def one(shape_strategy=SHAPE, **kw):
+    return shape_strategy.flatmap(lambda s: values([s], **kw))
+
+
+def two(**kw):
+    return BROADCAST_PAIR.flatmap(lambda b: values(b.input_shapes, **kw))
+
+
+# --- elementwise ops ----------------------------------------------------------------------------
+
+register("add", elementwise(lambda a, b: a + b, np.add, two(large=True, zeros=True)))
+register("sub", elementwise(lambda a, b: a - b, np.subtract, two(large=True, zeros=True)))
+register("mul", elementwise(lambda a, b: a * b, np.multiply, two(large=True, zeros=True)))
+register("div", elementwise(lambda a, b: a / b, np.divide, two(low=0.5, high=3.0)))
+register("pow", elementwise(lambda a, b: a**b, np.power, two(low=0.5, high=2.0)))
+register("neg", elementwise(lambda a: -a, np.negative, one(large=True, zeros=True)))
+register("exp", elementwise(lambda a: a.exp(), np.exp, one(low=-3.0, high=3.0, zeros=True)))
+register("log", elementwise(lambda a: a.log(), np.log, one(low=0.1, high=5.0)))
+register("sqrt", elementwise(lambda a: a.sqrt(), np.sqrt, one(low=0.1, high=5.0)))
+register("tanh", elementwise(lambda a: a.tanh(), np.tanh, one(large=True, zeros=True)))
+register(
+    "relu",
+    elementwise(
+        lambda a: a.relu(), lambda a: np.maximum(a, 0), one(away_from_zero=1e-3, large=True)
+    ),
+)
+register(
+    "sigmoid",
+    elementwise(lambda a: a.sigmoid(), lambda a: np.exp(-np.logaddexp(0, -a)), one(large=True)),
+)
+register("scalar_radd", elementwise(lambda a: 2.5 + a, lambda a: 2.5 + a, one()))
+register("scalar_rsub", elementwise(lambda a: 2.5 - a, lambda a: 2.5 - a, one()))
+register("scalar_rmul", elementwise(lambda a: 2.5 * a, lambda a: 2.5 * a, one(zeros=True)))
+register("scalar_rdiv", elementwise(lambda a: 2.5 / a, lambda a: 2.5 / a, one(low=0.5, high=3.0)))
+register("scalar_pow", elementwise(lambda a: a**3, lambda a: a**3, one(zeros=True)))
+register("scalar_rpow", elementwise(lambda a: 2.0**a, lambda a: 2.0**a, one()))
+
+
+@st.composite
+def integer_power_case(draw):
+    """a ** n with integer exponents 0..3 (a constant) and exact zeros in a: d/da 0**0 is 0."""
+    shapes = draw(BROADCAST_PAIR).input_shapes
+    rng = seeded(draw)
+    a = np.where(rng.random(shapes[0]) < 0.5, 0.0, rng.uniform(-3, 3, shapes[0]))
+    n = np.where(rng.random(shapes[1]) < 0.5, 0, rng.integers(1, 4, shapes[1])).astype(np.float64)
+    return Example(lambda x, y: x**y, np.power, [a, n], differentiable=[True, False])
+
+
+register("pow_integer_exponent", integer_power_case())
+
+
+# --- reductions ---------------------------------------------------------------------------------
+
+
+@st.composite
+def reduction_case(draw, method):
+    shape = draw(SHAPE)
+    ndim = len(shape)
+    axes = draw(st.lists(st.integers(0, max(ndim - 1, 0)), unique=True, max_size=ndim))
+    axes = tuple(ax - ndim if draw(st.booleans()) else ax for ax in axes)  # negative axes too
+    axis = draw(st.sampled_from([None, axes, axes[0] if axes else None]))
+    if method == "mean" and axis == ():
+        axis = None
+    keepdims = draw(st.booleans())
+    # ties are left out of max: at a k-way tie the central difference is 1/2, the even split 1/k
+    (x,) = draw(values([shape], large=True, zeros=method != "max"))
+    return Example(
+        lambda t: getattr(t, method)(axis=axis, keepdims=keepdims),
+        lambda a: getattr(np, method)(a, axis=axis, keepdims=keepdims),
+        [x],
+    )
+
+
+for _method in ("sum", "mean", "max"):
+    register(_method, reduction_case(_method))
+
+
+# --- shape ops ----------------------------------------------------------------------------------
+
+
+@st.composite
+def reshape_case(draw):
+    shape = draw(SHAPE)
+    (x,) = draw(values([shape]))
+    target = draw(st.one_of(st.permutations([*shape, 1]).map(tuple), st.just((-1,))))
+    return Example(lambda t: t.reshape(target), lambda a: a.reshape(target), [x])
+
+
+@st.composite
+def transpose_case(draw):
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=4, min_side=1, max_side=4))
+    (x,) = draw(values([shape], large=True))
+    ndim = len(shape)
+    axes = draw(st.permutations(range(ndim)))
+    # negative and mixed-sign axes name the same permutation: transpose(-1, 0) on 2-d is .T
+    signs = draw(st.lists(st.booleans(), min_size=ndim, max_size=ndim))
+    axes = tuple(ax - ndim if neg else ax for ax, neg in zip(axes, signs, strict=True))
+    if draw(st.sampled_from([True, False, False, False])):
+        return Example(lambda t: t.T, np.transpose, [x])
+    return Example(lambda t: t.transpose(*axes), lambda a: np.transpose(a, axes), [x])
+
+
+register("reshape", reshape_case())
+register("transpose", transpose_case())
+
+
+@st.composite
+def matmul_case(draw):
+    """np.matmul-compatible pairs: 1-D, 2-D and batched with broadcasting of batch dims."""
+    n, k, m = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    batch = draw(
+        hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=2, max_side=3)
+    )
+    a_batch, b_batch = batch.input_shapes
+    a = (k,) if draw(st.booleans()) and not a_batch else (*a_batch, n, k)
+    b = (k,) if draw(st.booleans()) and not b_batch else (*b_batch, k, m)
+    return Example(lambda x, y: x @ y, np.matmul, draw(values([a, b], zeros=True)))
+
+
+register("matmul", matmul_case())
+
+
+@st.composite
+def getitem_case(draw):
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5))
+    kind = draw(st.sampled_from(["int", "slice", "advanced", "repeated", "bool", "mixed"]))
+    if kind == "int":
+        index = draw(st.integers(-shape[0], shape[0] - 1))
+    elif kind == "slice":
+        start = draw(st.integers(0, shape[0] - 1))
+        index = (slice(start, None, draw(st.integers(1, 2))), Ellipsis)
+    elif kind in ("advanced", "repeated"):
+        size = draw(st.integers(1, 6))
+        index = np.array(draw(st.lists(st.integers(0, shape[0] - 1), min_size=size, max_size=size)))
+        if kind == "repeated":
+            index = np.concatenate([index, index[:1]])
+    elif kind == "bool":
+        index = np.array(draw(st.lists(st.booleans(), min_size=shape[0], max_size=shape[0])))
+    else:
+        index = (slice(None), np.array([0, 0]), *([] if len(shape) < 3 else [0]))
+        if len(shape) < 2:
+            index = np.array([0, 0])
+    return Example(lambda t: t[index], lambda a: a[index], draw(values([shape])))
+
+
+register("getitem", getitem_case())
+
+
+@st.composite
+def concat_case(draw):
+    shapes = draw(st.lists(SHAPE.filter(lambda s: len(s) >= 1), min_size=1, max_size=3))
+    base = shapes[0]
+    axis = draw(st.integers(-len(base), len(base) - 1))
+    shapes = [
+        tuple(s[0] if d == axis % len(base) else n for d, n in enumerate(base)) for s in shapes
+    ]
+    return Example(
+        lambda *ts: autograd.concat(ts, axis=axis),
+        lambda *a: np.concatenate(a, axis),
+        draw(values(shapes)),
+    )
+
+
+@st.composite
+def stack_case(draw):
+    shape, n = draw(SHAPE), draw(st.integers(1, 3))
+    axis = draw(st.integers(-len(shape) - 1, len(shape)))
+    return Example(
+        lambda *ts: autograd.stack(ts, axis=axis),
+        lambda *a: np.stack(a, axis),
+        draw(values([shape] * n)),
+    )
+
+
+@st.composite
+def where_case(draw):
+    shapes = draw(BROADCAST_PAIR)
+    a, b = draw(values(shapes.input_shapes, zeros=True))
+    cond = draw(hnp.arrays(np.bool_, shapes.result_shape))
+    return Example(
+        lambda x, y: autograd.where(cond, x, y), lambda x, y: np.where(cond, x, y), [a, b]
+    )
+
+
+register("concat", concat_case())
+register("stack", stack_case())
+register("where", where_case())
+
+
+# --- the Transformer ops of autograd.functional (both kernel paths) ------------------------------
+
+
+def np_softmax(x, axis):
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    e = np.exp(x - m)
+    s = e.sum(axis=axis, keepdims=True)
+    return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
+
+
+def np_logsumexp(x, axis, keepdims=False):
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    with np.errstate(divide="ignore"):
+        out = np.log(np.exp(x - m).sum(axis=axis, keepdims=True)) + m
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+def np_log_softmax(x, axis):
+    with np.errstate(invalid="ignore"):
+        out = x - np_logsumexp(x, axis, keepdims=True)
+    return np.where(np.isneginf(x), -np.inf, out)
+
+
+def np_layer_norm(x, w, b, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def np_attention(q, k, v, causal, allowed=None):
+    tq, tk = q.shape[2], k.shape[2]
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    rule = np.ones((tq, tk), bool) if allowed is None else allowed
+    if causal:
+        rule = rule & np.tril(np.ones((tq, tk), bool), tk - tq)
+    return np_softmax(np.where(rule, s, -np.inf), -1) @ v
+
+
+@st.composite
+def logits(draw, allow_inf=True):
+    """An array, an axis, and values that may be huge (+-1e4) or contain -inf (whole slices too)."""
+    shape = draw(SHAPE_1D_UP)
+    rng = seeded(draw)
+    x = rng.standard_normal(shape) * draw(st.sampled_from([1.0, 3.0, 1e4]))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    if allow_inf and draw(st.booleans()):
+        x[rng.random(shape) < 0.3] = -np.inf
+        if draw(st.booleans()):  # an entirely -inf slice along the axis
+            index = [0] * len(shape)
+            index[axis] = slice(None)
+            x[tuple(index)] = -np.inf
+    if draw(st.booleans()):  # ties: equal logits
+        x = np.where(np.isfinite(x), np.round(x), x)
+    return x, axis
+
+
+register(
+    "softmax",
+    logits().map(
+        lambda c: Example(lambda t: F.softmax(t, c[1]), lambda a: np_softmax(a, c[1]), [c[0]])
+    ),
+    both_backends=True,
+)
+register(
+    "log_softmax",
+    logits().map(
+        lambda c: Example(
+            lambda t: F.log_softmax(t, c[1]), lambda a: np_log_softmax(a, c[1]), [c[0]]
+        )
+    ),
+    both_backends=True,
+)
+
+
+@st.composite
+def logsumexp_case(draw):
+    x, axis = draw(logits())
+    keepdims = draw(st.booleans())
+    return Example(
+        lambda t: F.logsumexp(t, axis, keepdims), lambda a: np_logsumexp(a, axis, keepdims), [x]
+    )
+
+
+register("logsumexp", logsumexp_case(), both_backends=True)
+
+
+@st.composite
+def norm_inputs(draw):
+    shape = draw(SHAPE_1D_UP)
+    rng = seeded(draw)
+    # (not 100: with C = 2 the output is +-1 whatever x is, and the only x-dependence left is
+    # through eps at 1e-9 of the variance, below what central differences resolve)
+    x = rng.standard_normal(shape) * draw(st.sampled_from([0.1, 1.0, 10.0]))
+    # Rows whose values nearly coincide make LayerNorm ill-conditioned (its derivatives grow like
+    # 1/spread): central differences cannot resolve them; test_reliability covers them instead.
+    assume(shape[-1] == 1 or np.ptp(x, axis=-1).min() > 0.2 * np.abs(x).max())
+    return x, rng.standard_normal(shape[-1:]), rng.standard_normal(shape[-1:])
+
+
+def np_rms_norm(a, weight):
+    return a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-5) * weight
+
+
+register(
+    "layer_norm",
+    norm_inputs().map(lambda c: Example(F.layer_norm, np_layer_norm, list(c), forward_rtol=1e-9)),
+    both_backends=True,
+)
+register("rms_norm", norm_inputs().map(lambda c: Example(F.rms_norm, np_rms_norm, list(c[:2]))))
+
+
+@st.composite
+def gather_case(draw):
+    shape = draw(SHAPE_1D_UP)
+    rng = seeded(draw)
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    index_shape = list(shape)
+    index_shape[axis] = draw(st.integers(1, 6))  # repeats are likely: they must accumulate
+    for d in range(len(shape)):  # size-1 dims on either side broadcast like np.take_along_axis
+        if d != axis % len(shape) and draw(st.booleans()):
+            index_shape[d] = 1 if shape[d] > 1 else draw(st.integers(1, 3))
+    index = rng.integers(0, shape[axis], index_shape)
+    return Example(
+        lambda t: F.gather(t, index, axis),
+        lambda a: np.take_along_axis(a, index, axis),
+        [rng.standard_normal(shape)],
+    )
+
+
+register("gather", gather_case())
+
+
+@st.composite
+def embedding_case(draw):
+    rng = seeded(draw)
+    vocab, dim = draw(st.integers(1, 6)), draw(st.integers(1, 5))
+    idx_shape = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=6))
+    idx = rng.integers(0, vocab, idx_shape)
+    return Example(
+        lambda w: F.embedding(w, idx), lambda w: w[idx], [rng.standard_normal((vocab, dim))]
+    )
+
+
+register("embedding", embedding_case(), both_backends=True)
+
+
+@st.composite
+def cross_entropy_case(draw):
+    rng = seeded(draw)
+    lead = draw(hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=5))
+    vocab = draw(st.integers(1, 7))
+    z = rng.standard_normal((*lead, vocab)) * draw(st.sampled_from([1.0, 10.0, 1e4]))
+    targets = rng.integers(0, vocab, lead)
+    targets[rng.random(lead) < draw(st.sampled_from([0.0, 0.3, 1.0]))] = -100
+
+    def reference(z):
+        keep = targets != -100
+        if not keep.any():
+            return np.float64(0.0)
+        logp = z - np_logsumexp(z, -1, keepdims=True)
+        picked = np.take_along_axis(logp, np.where(keep, targets, 0)[..., None], -1)[..., 0]
+        return -picked[keep].mean()
+
+    return Example(lambda t: F.cross_entropy(t, targets), reference, [z], forward_rtol=1e-9)
+
+
+register("cross_entropy", cross_entropy_case(), both_backends=True)
+
+
+def np_gelu_tanh(a):
+    return 0.5 * a * (1 + np.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3)))
+
+
+def np_gelu_exact(a):
+    return a * 0.5 * (1 + np.vectorize(math.erf)(a / math.sqrt(2)))
+
+
+@st.composite
+def gelu_case(draw, approximate):
+    shape = draw(SHAPE_1D_UP)
+    x = seeded(draw).standard_normal(shape) * draw(st.sampled_from([1.0, 3.0, 30.0]))
+    reference = np_gelu_tanh if approximate == "tanh" else np_gelu_exact
+    return Example(lambda t: F.gelu(t, approximate), reference, [x])
+
+
+register("gelu_tanh", gelu_case("tanh"), both_backends=True)
+register("gelu_none", gelu_case("none"))
+
+
+@st.composite
+def dropout_case(draw):
+    shape, p, seed = (
+        draw(SHAPE_1D_UP),
+        draw(st.sampled_from([0.1, 0.5, 0.9])),
+        draw(st.integers(0, 2**32 - 1)),
+    )
+    x = np.random.default_rng(seed).standard_normal(shape)
+    keep = np.random.default_rng(seed).random(shape) >= p
+    return Example(
+        lambda t: F.dropout(t, p, True, rng=np.random.default_rng(seed)),
+        lambda a: a * keep / (1 - p),
+        [x],
+    )
+
+
+register("dropout", dropout_case())
+
+
+@st.composite
+def qkv(draw, any_value_width=False):
+    rng = seeded(draw)
+    b, h = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    tk = draw(st.sampled_from([1, 2, 3, 5, 8]))
+    tq = draw(st.integers(1, tk))  # Tq < Tk: a KV-cache step (bottom-right aligned causal)
+    d = draw(st.sampled_from([1, 2, 3, 5]))
+    scale = draw(st.sampled_from([1.0, 3.0]))
+    q = rng.standard_normal((b, h, tq, d)) * scale
+    k = rng.standard_normal((b, h, tk, d)) * scale
+    v = rng.standard_normal((b, h, tk, draw(st.integers(1, 4)) if any_value_width else d))
+    return q, k, v, draw(st.booleans())
+
+
+def attention_example(case, allowed=None, forward_rtol=1e-9):
+    q, k, v, causal = case
+    return Example(
+        lambda a, b, c: F.scaled_dot_product_attention(a, b, c, causal=causal, mask=allowed),
+        lambda a, b, c: np_attention(a, b, c, causal, allowed),
+        [q, k, v],
+        forward_rtol=forward_rtol,
+    )
+
+
+@st.composite
+def masked_attention_case(draw):
+    case = draw(qkv())
+    allowed = seeded(draw).random((case[0].shape[2], case[1].shape[2])) < 0.6
+    allowed[:, 0] = True  # every row keeps at least one key
+    return attention_example(case, allowed)
+
+
+register("attention", qkv().map(attention_example), both_backends=True)
+register("attention_masked", masked_attention_case())
+# notes ch. 11 has d_k = 1 and d_v = 2: V's width is independent of Q/K's
+register("attention_value_width", qkv(any_value_width=True).map(attention_example))
+
+
+# --- the primitives nn builds on (linear, rotary) -------------------------------------------------
+
+
+@st.composite
+def linear_case(draw):
+    lead = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=4))
+    n_in, n_out = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    rng = seeded(draw)
+    x, w = rng.standard_normal((*lead, n_in)), rng.standard_normal((n_in, n_out))
+    if draw(st.booleans()):
+        return Example(nn.linear, lambda x, w, b: x @ w + b, [x, w, rng.standard_normal(n_out)])
+    return Example(nn.linear, lambda x, w: x @ w, [x, w])
+
+
+@st.composite
+def rotary_case(draw):
+    shape = draw(
+        st.tuples(
+            st.integers(1, 2), st.integers(1, 2), st.integers(1, 6), st.sampled_from([2, 4, 6])
+        )
+    )
+    offset = draw(st.integers(0, 5))
+    x = seeded(draw).standard_normal(shape)
+    cos, sin = nn.rotary_tables(16, shape[-1])
+    t, half = shape[2], shape[-1] // 2
+    c, s = cos[offset : offset + t], sin[offset : offset + t]
+
+    def reference(a):  # pairs (r, r + D/2) turned by position * w_r (notes 8.6)
+        x1, x2 = a[..., :half], a[..., half:]
+        return np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+
+    return Example(lambda t_: nn.apply_rotary(t_, cos, sin, offset), reference, [x])
+
+
+register("linear", linear_case())
+register("rotary", rotary_case())
