@@ -13,7 +13,8 @@ array([[2., 2., 2.],
 from autograd import trace  # noqa: F401  (registers the tracer of backward(trace=True))
 from autograd.anomaly import AnomalyError, detect_anomaly
 from autograd.compiler import compile
-from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck
+from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck, gradgradcheck
+from autograd.higher_order import grad, hessian, hvp, jvp, vjp
 from autograd.ops import concat, stack, where
 from autograd.origin import check_packages
 from autograd.recorder import TraceError
@@ -41,11 +42,17 @@ __all__ = [
     "detect_anomaly",
     "enable_grad",
     "get_default_dtype",
+    "grad",
     "gradcheck",
+    "gradgradcheck",
+    "hessian",
+    "hvp",
     "is_grad_enabled",
+    "jvp",
     "no_grad",
     "set_default_dtype",
     "stack",
     "unbroadcast",
+    "vjp",
     "where",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from autograd import hooks
-from autograd.tensor import Function, describe
+from autograd.tensor import Function, Tensor, describe
 
 _ENGINE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -28,7 +28,8 @@ class AnomalyObserver(hooks.Observer):
 
     def backward_step(self, step, fn, output, grad, input_grads) -> None:
         for g in input_grads:
-            if g is not None:
+            if g is not None:  # a Tensor under create_graph
+                g = g.data if isinstance(g, Tensor) else g
                 _check_finite(g, f"gradient produced by {fn.name}.backward", fn, [grad])
 
 

@@ -4,6 +4,11 @@ Each op is one Function: forward and backward side by side, the formula in a com
 notes' section where it is derived. The hot ones (softmax, log_softmax, layer_norm, gelu,
 cross_entropy, embedding backward, attention) call `autograd.kernels`, which runs either a Numba
 kernel or the plain numpy reference (GLASSGRAD_KERNELS=numpy or kernels.use_backend("numpy")).
+
+Under create_graph=True (docs/higher_order.md) the engine calls each op's `vjp` instead: an
+`ops.Op` runs its own backward on Tensors; an op whose backward is a kernel or reads saved
+statistics has a `vjp` beside it, the same formula in Tensor ops with those statistics recomputed
+(attention: the composite reference, A recomputed).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from autograd import kernels
+from autograd.ops import Op, concatenate, exp, scatter_add, swap_last, unsqueeze, where
 from autograd.tensor import Function, Tensor, is_grad_enabled
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -56,7 +62,7 @@ def _on_last_axis(kernel, axis: int, *arrays: np.ndarray):
 # --- linear layer (notes 3.2, 10.4) -------------------------------------------------------------
 
 
-class Linear(Function):
+class Linear(Op):
     # out = x @ W + b over the last axis of x (any leading dims), as one 2-d product:
     # dx = g @ W^T;  dW = x^T g;  db = sum of g over rows      (notes 10.4)
     # Flattening the leading dims turns dW into a single (in, N) @ (N, out) GEMM instead of a
@@ -71,14 +77,14 @@ class Linear(Function):
         out = x2 @ weight
         if bias is not None:
             out += bias
-        self.save_for_backward(x2, weight, x.shape, bias is not None)
+        self.save_for_backward(x, weight, bias is not None)
         return out.reshape(x.shape[:-1] + (weight.shape[1],))
 
     def backward(self, g):
-        x2, weight, x_shape, has_bias = self.saved
+        x, weight, has_bias = self.saved
         g2 = g.reshape(-1, g.shape[-1])
-        gx = (g2 @ weight.T).reshape(x_shape)
-        gw = x2.T @ g2
+        gx = (g2 @ weight.T).reshape(x.shape)
+        gw = x.reshape(-1, x.shape[-1]).T @ g2
         return (gx, gw, g2.sum(axis=0)) if has_bias else (gx, gw)
 
 
@@ -97,17 +103,14 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 # --- rotary positions (notes 8.6) ---------------------------------------------------------------
 
 
-def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def _rotate(x: Any, cos: np.ndarray, sin: np.ndarray) -> Any:
     """Rotate each coordinate pair (x[..., r], x[..., r + D/2]) by the angle whose cos/sin given."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    out = np.empty_like(x)
-    out[..., :half] = x1 * cos - x2 * sin
-    out[..., half:] = x1 * sin + x2 * cos
-    return out
+    return concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
-class Rotary(Function):
+class Rotary(Op):
     # Rotary position embedding (notes 8.6): position p turns the pair (x1_r, x2_r) by p * w_r:
     #   y1 = x1 cos - x2 sin,  y2 = x1 sin + x2 cos.
     # A rotation is orthogonal, so its VJP is the inverse rotation (angle -p * w_r):
@@ -158,6 +161,10 @@ class Softmax(Function):
         a, axis = self.saved
         return (_on_last_axis(kernels.softmax_backward, axis, a, g),)
 
+    def vjp(self, g, output):
+        a, axis = output, self.saved[1]
+        return (a * (g - (a * g).sum(axis=axis, keepdims=True)),)
+
 
 class LogSoftmax(Function):
     # y = x - logsumexp(x);  dx = g - softmax(x) * sum(g)   (notes 9.2, 10.3)
@@ -171,6 +178,10 @@ class LogSoftmax(Function):
     def backward(self, g):
         y, axis = self.saved
         return (_on_last_axis(kernels.log_softmax_backward, axis, y, g),)
+
+    def vjp(self, g, output):
+        y, axis = output, self.saved[1]
+        return (g - y.exp() * g.sum(axis=axis, keepdims=True),)
 
 
 class LogSumExp(Function):
@@ -187,6 +198,10 @@ class LogSumExp(Function):
         if g.ndim < x.ndim:
             g = np.expand_dims(g, axis)
         return (g * _on_last_axis(kernels.softmax_forward, axis, x),)
+
+    def vjp(self, g, output):
+        (x,), axis = self.inputs, self.saved[1]
+        return ((unsqueeze(g, axis) if g.ndim < x.ndim else g) * softmax(x, axis),)
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
@@ -217,12 +232,27 @@ class LayerNorm(Function):
                 f"x's last axis {x.shape[-1:]}"
             )
         y, mean, rstd = kernels.layer_norm_forward(x, weight, bias, eps)
-        self.save_for_backward(x, weight, mean, rstd)
+        self.save_for_backward(x, weight, mean, rstd, eps)
         return y
 
     def backward(self, g):
-        x, weight, mean, rstd = self.saved
+        x, weight, mean, rstd, _ = self.saved
         return kernels.layer_norm_backward(g, x, weight, mean, rstd)
+
+    def vjp(self, g, output):  # the same formula in Tensor ops, the statistics recomputed
+        (x, weight, _), eps = self.inputs, self.saved[-1]
+        centred = x - x.mean(axis=-1, keepdims=True)
+        rstd = 1 / ((centred * centred).mean(axis=-1, keepdims=True) + eps).sqrt()
+        xhat = centred * rstd
+        u = g * weight
+        mean_u, mean_uxhat = u.mean(axis=-1, keepdims=True), (u * xhat).mean(axis=-1, keepdims=True)
+        gx = rstd * (u - mean_u - xhat * mean_uxhat)
+        return gx, _sum_rows(g * xhat), _sum_rows(g)
+
+
+def _sum_rows(x: Any) -> Any:
+    """Sum over every axis but the last (the gradient of a per-feature weight or bias)."""
+    return x.reshape(-1, x.shape[-1]).sum(axis=0)
 
 
 def layer_norm(
@@ -244,15 +274,24 @@ class RMSNorm(Function):
             raise ValueError(f"rms_norm: weight {weight.shape} must have shape {x.shape[-1:]}")
         rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
         xhat = x * rstd
-        self.save_for_backward(xhat, weight, rstd)
+        self.save_for_backward(xhat, weight, rstd, eps)
         return xhat * weight
 
     def backward(self, g):
-        xhat, weight, rstd = self.saved
-        u = g * weight
-        gx = rstd * (u - xhat * np.mean(u * xhat, axis=-1, keepdims=True))
-        gw = (g * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)
-        return gx, gw
+        xhat, weight, rstd, _ = self.saved
+        return _rms_norm_vjp(g, xhat, weight, rstd)
+
+    def vjp(self, g, output):  # the statistics recomputed as Tensors, then the same rule
+        (x, weight), eps = self.inputs, self.saved[-1]
+        rstd = 1 / ((x * x).mean(axis=-1, keepdims=True) + eps).sqrt()
+        return _rms_norm_vjp(g, x * rstd, weight, rstd)
+
+
+def _rms_norm_vjp(g: Any, xhat: Any, weight: Any, rstd: Any) -> tuple:
+    """RMSNorm's VJP on arrays or Tensors (the formula above)."""
+    u = g * weight
+    gx = rstd * (u - xhat * (u * xhat).mean(axis=-1, keepdims=True))
+    return gx, _sum_rows(g * xhat)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5) -> Tensor:
@@ -263,7 +302,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5) -> Tensor:
 # --- indexing: gather and embedding (notes 2.1, 10.9) -----------------------------------------
 
 
-class Gather(Function):
+class Gather(Op):
     # out = take_along_axis(x, index, axis);  dx = zeros, then g scatter-added at index (10.9)
     def forward(self, x, index=None, axis=0):
         self.save_for_backward(x.shape, index, axis)
@@ -271,7 +310,6 @@ class Gather(Function):
 
     def backward(self, g):
         shape, index, axis = self.saved
-        grad = np.zeros(shape, dtype=g.dtype)
         # Full coordinates of every gathered element: `index` along axis, the output position
         # elsewhere, 0 along a size-1 dim of x that the forward broadcast (like take_along_axis).
         coords = list(np.indices(g.shape, sparse=True))
@@ -279,8 +317,7 @@ class Gather(Function):
             if n == 1 and d != axis:
                 coords[d] = 0
         coords[axis] = np.broadcast_to(index, g.shape)
-        np.add.at(grad, tuple(coords), g)
-        return (grad,)
+        return (scatter_add(g, shape, tuple(coords)),)
 
 
 def gather(x: Tensor, index: Any, axis: int) -> Tensor:
@@ -304,6 +341,10 @@ class Embedding(Function):
         idx, num_embeddings = self.saved
         return (kernels.embedding_backward(idx, g, num_embeddings),)
 
+    def vjp(self, g, output):
+        idx, num_embeddings = self.saved
+        return (scatter_add(g, (num_embeddings, g.shape[-1]), idx),)
+
 
 def embedding(weight: Tensor, idx: Any) -> Tensor:
     """Rows of `weight` (V, C) for integer ids `idx` of any shape -> idx.shape + (C,)."""
@@ -326,12 +367,20 @@ class CrossEntropy(Function):
         loss, dlogits = kernels.cross_entropy_forward(
             flat_logits, targets.reshape(-1), ignore_index, need_grad
         )
-        self.save_for_backward(dlogits, logits.shape)
+        self.save_for_backward(dlogits, logits.shape, targets, ignore_index)
         return np.asarray(loss, dtype=logits.dtype)
 
     def backward(self, g):
-        dlogits, shape = self.saved
+        dlogits, shape, _, _ = self.saved
         return ((dlogits * g).reshape(shape),)
+
+    def vjp(self, g, output):  # (softmax(l) - onehot(y)) / n, with softmax(l) a Tensor
+        (logits,), (_, shape, targets, ignore_index) = self.inputs, self.saved
+        kept = targets != ignore_index
+        onehot = np.zeros(shape, dtype=logits.dtype)
+        np.put_along_axis(onehot, np.where(kept, targets, 0)[..., None], 1, axis=-1)
+        row_weight = (kept / max(int(kept.sum()), 1)).astype(logits.dtype)[..., None]
+        return ((softmax(logits) - onehot) * row_weight * g,)
 
 
 def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Tensor:
@@ -384,8 +433,31 @@ class Gelu(Function):
         x, saved, approximate = self.saved
         if approximate == "tanh":
             return (kernels.gelu_backward(g, x, saved),)
-        pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-        return (g * (saved + x * pdf),)
+        return (g * (saved + x * _normal_pdf(x)),)
+
+    def vjp(self, g, output):  # the same derivatives in Tensor ops (t and Phi recomputed)
+        (x,), approximate = self.inputs, self.saved[2]
+        if approximate == "none":
+            return (g * (NormalCdf.apply(x) + x * _normal_pdf(x)),)
+        s, c = math.sqrt(2 / math.pi), 0.044715
+        t = (s * (x + c * x * x * x)).tanh()
+        return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * s * (1 + 3 * c * x * x)),)
+
+
+def _normal_pdf(x: Any) -> Any:
+    """phi(x) = e^(-x^2/2) / sqrt(2 pi), on arrays or Tensors."""
+    return exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+
+
+class NormalCdf(Op):
+    # out = Phi(x) = (1 + erf(x / sqrt 2)) / 2;  dx = g * phi(x)   (notes 8.2: exact GELU's dy/dx)
+    def forward(self, x):
+        self.save_for_backward(x)
+        return (0.5 * (1 + _erf(x / math.sqrt(2.0)))).astype(x.dtype)
+
+    def backward(self, g):
+        (x,) = self.saved
+        return (g * _normal_pdf(x),)
 
 
 def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
@@ -400,7 +472,7 @@ def relu(x: Tensor) -> Tensor:
     return _tensor(x).relu()
 
 
-class Dropout(Function):
+class Dropout(Op):
     # y = x * keep, keep = Bernoulli(1 - p) / (1 - p) (inverted: the mean is unchanged)
     # dx = g * keep
     # The mask is drawn here, inside the op, so that a compiled step (autograd.compile), which
@@ -452,6 +524,13 @@ class Attention(Function):
         q, k, v, o, lse, causal = self.saved
         return kernels.attention_backward(q, k, v, o, lse, g, causal)
 
+    def vjp(self, g, output):  # the composite reference: A recomputed from Tensor ops
+        q, k, v = self.inputs
+        tq, tk = q.shape[2], k.shape[2]
+        allowed = np.tril(np.ones((tq, tk), dtype=bool), k=tk - tq) if self.saved[-1] else None
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        return _attention_vjp(q, k, v, _attention_weights(q, k, allowed, scale), g, scale)
+
 
 class MaskedAttention(Function):
     # The same op with an explicit allowed set (boolean, broadcast to (B, H, Tq, Tk)); plain numpy.
@@ -459,15 +538,31 @@ class MaskedAttention(Function):
         scale = 1.0 / math.sqrt(q.shape[-1])
         scores = np.where(allowed, q @ np.swapaxes(k, -1, -2) * scale, -np.inf)
         a = kernels.softmax_forward(scores)
-        self.save_for_backward(q, k, v, a, scale)
+        self.save_for_backward(q, k, v, a, scale, allowed)
         return a @ v
 
     def backward(self, g):
-        q, k, v, a, scale = self.saved
-        ga = g @ np.swapaxes(v, -1, -2)
-        gs = kernels.softmax_backward(a, ga) * scale  # zero where not allowed, since a is 0 there
-        gv = np.swapaxes(a, -1, -2) @ g
-        return gs @ k, np.swapaxes(gs, -1, -2) @ q, gv
+        q, k, v, a, scale, _ = self.saved
+        return _attention_vjp(q, k, v, a, g, scale)
+
+    def vjp(self, g, output):
+        q, k, v = self.inputs
+        scale, allowed = self.saved[-2:]
+        return _attention_vjp(q, k, v, _attention_weights(q, k, allowed, scale), g, scale)
+
+
+def _attention_weights(q: Tensor, k: Tensor, allowed: Any, scale: float) -> Tensor:
+    """A = softmax(q k^T * scale) on the allowed set (None: everywhere), in Tensor ops."""
+    scores = q @ swap_last(k) * scale
+    return softmax(scores if allowed is None else where(allowed, scores, -np.inf), axis=-1)
+
+
+def _attention_vjp(q: Any, k: Any, v: Any, a: Any, g: Any, scale: float) -> tuple:
+    """dq, dk, dv of O = A v (notes 10.5-10.7), on arrays or Tensors; a is 0 off the allowed set,
+    so dS is 0 there too."""
+    ga = g @ swap_last(v)
+    gs = a * (ga - (ga * a).sum(axis=-1, keepdims=True)) * scale
+    return gs @ k, swap_last(gs) @ q, swap_last(a) @ g
 
 
 def scaled_dot_product_attention(

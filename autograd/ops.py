@@ -4,20 +4,123 @@ Notation: `g` is dL/d(output), the gradient arriving from above (notes 10.2: sam
 output). Each backward returns dL/d(input) for every input, in order. Broadcasting is undone in one
 place, `unbroadcast`. The Transformer ops (softmax, layer_norm, attention, ...) live in
 `autograd/functional.py` and follow the same pattern.
+
+One VJP for every order: each backward below is written once, with what numpy arrays and Tensors
+have in common (operators, .reshape, .transpose, .sum, and the helpers of the next section, which
+dispatch on their argument). Called with arrays it is the fast first-order VJP; under
+create_graph=True the engine calls it with Tensors (`Op.vjp`), the same lines then record a graph,
+and the gradient can be differentiated again (autograd/higher_order.py).
 """
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
 from autograd.tensor import Function, Tensor, _index_array, unbroadcast
 
+# --- one backward for arrays and Tensors ---------------------------------------------------------
+
+
+class Op(Function):
+    """A Function whose backward, run on Tensors, is its differentiable VJP.
+
+    Under create_graph `vjp` calls `backward` with g a Tensor and every saved array that is an
+    input's or the output's array replaced by that Tensor. So an Op saves only its inputs, its
+    output (the very array it returns) and constants (shapes, axes, masks): an array derived
+    from an input would be a constant of the VJP, and its second derivative would be wrong.
+    """
+
+    def vjp(self, g: Tensor, output: Tensor) -> tuple[Tensor | None, ...]:
+        saved = self.saved
+        self.saved = _as_tensors(saved, (*self.inputs, output))
+        try:
+            return self.backward(g)
+        finally:
+            self.saved = saved
+
+
+def _as_tensors(saved: tuple, tensors: tuple[Tensor, ...]) -> tuple:
+    """Each saved array that is the array of one of `tensors`, as that Tensor. Tensors sharing one
+    array (x and x.detach()) are matched in order: the k-th such array saved is the k-th tensor."""
+    owners: dict[int, list[Tensor]] = {}
+    for t in tensors:
+        owners.setdefault(id(t.data), []).append(t)
+    swapped = []
+    for item in saved:
+        candidates = owners.get(id(item)) if isinstance(item, np.ndarray) else None
+        if not candidates:
+            swapped.append(item)
+        else:
+            swapped.append(candidates.pop(0) if len(candidates) > 1 else candidates[0])
+    return tuple(swapped)
+
+
+def own(x: Any) -> Any:
+    """x as an array of its own (a VJP never returns a view of g); a Tensor already is one."""
+    return x.copy() if isinstance(x, np.ndarray) else x
+
+
+def sum_to(x: Any, shape: tuple[int, ...], copy: bool = False) -> Any:
+    """x summed back to `shape`: the VJP of broadcasting (unbroadcast, or the SumTo op)."""
+    if isinstance(x, Tensor):
+        return x if x.shape == shape else SumTo.apply(x, shape=shape)
+    return unbroadcast(x, shape, copy=copy)
+
+
+def broadcast_to(x: Any, shape: tuple[int, ...]) -> Any:
+    """x repeated along broadcast dims up to `shape` (a read-only view for an array)."""
+    if isinstance(x, Tensor):
+        return x if x.shape == shape else BroadcastTo.apply(x, shape=shape)
+    return np.broadcast_to(x, shape)
+
+
+def select(cond: np.ndarray, a: Any, b: Any) -> Any:
+    """cond ? a : b (np.where, or the Where op when a or b is a Tensor)."""
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return where(cond, a, b)
+    return np.where(cond, a, b)
+
+
+def scatter_add(g: Any, shape: tuple[int, ...], index: Any) -> Any:
+    """zeros(shape) with g added at index (repeated indices accumulate): the VJP of indexing."""
+    if isinstance(g, Tensor):
+        return ScatterAdd.apply(g, shape=shape, index=index)
+    return _scatter_add(g, shape, index)
+
+
+def concatenate(parts: list, axis: int) -> Any:
+    if any(isinstance(p, Tensor) for p in parts):
+        return concat(parts, axis)
+    return np.concatenate(parts, axis=axis)
+
+
+def exp(x: Any) -> Any:
+    return x.exp() if isinstance(x, Tensor) else np.exp(x)
+
+
+def log(x: Any) -> Any:
+    return x.log() if isinstance(x, Tensor) else np.log(x)
+
+
+def swap_last(x: Any) -> Any:
+    """x with its last two axes swapped (the matrix transpose of a batch of matrices)."""
+    return x.transpose(*range(x.ndim - 2), x.ndim - 1, x.ndim - 2)
+
+
+def unsqueeze(x: Any, axis: int) -> Any:
+    """x with a new size-1 axis at `axis` (np.expand_dims, as a reshape)."""
+    shape = list(x.shape)
+    shape.insert(axis % (x.ndim + 1), 1)
+    return x.reshape(tuple(shape))
+
+
 # --- elementwise binary ops (numpy broadcasting) ----------------------------------------------
 
 
-class Add(Function):
+class Add(Op):
     # out = a + b;  da = g, db = g
     def forward(self, a, b):
         self.save_for_backward(a.shape, b.shape)
@@ -25,10 +128,10 @@ class Add(Function):
 
     def backward(self, g):
         a_shape, b_shape = self.saved
-        return unbroadcast(g, a_shape, copy=True), unbroadcast(g, b_shape, copy=True)
+        return sum_to(g, a_shape, copy=True), sum_to(g, b_shape, copy=True)
 
 
-class Sub(Function):
+class Sub(Op):
     # out = a - b;  da = g, db = -g
     def forward(self, a, b):
         self.save_for_backward(a.shape, b.shape)
@@ -36,10 +139,10 @@ class Sub(Function):
 
     def backward(self, g):
         a_shape, b_shape = self.saved
-        return unbroadcast(g, a_shape, copy=True), unbroadcast(-g, b_shape)
+        return sum_to(g, a_shape, copy=True), sum_to(-g, b_shape)
 
 
-class Mul(Function):
+class Mul(Op):
     # out = a * b;  da = g * b, db = g * a
     def forward(self, a, b):
         self.save_for_backward(a, b)
@@ -47,10 +150,10 @@ class Mul(Function):
 
     def backward(self, g):
         a, b = self.saved
-        return unbroadcast(g * b, a.shape), unbroadcast(g * a, b.shape)
+        return sum_to(g * b, a.shape), sum_to(g * a, b.shape)
 
 
-class Div(Function):
+class Div(Op):
     # out = a / b;  da = g / b, db = -g * a / b^2
     def forward(self, a, b):
         self.save_for_backward(a, b)
@@ -59,25 +162,26 @@ class Div(Function):
     def backward(self, g):
         a, b = self.saved
         ga = g / b
-        return unbroadcast(ga, a.shape), unbroadcast(-ga * a / b, b.shape)
+        return sum_to(ga, a.shape), sum_to(-ga * a / b, b.shape)
 
 
-class Pow(Function):
+class Pow(Op):
     # out = a ** b;  da = g * b * a^(b-1) (0 where b = 0), db = g * out * ln(a) (0 where a <= 0)
     def forward(self, a, b):
-        out = a**b
+        out = np.asarray(a**b)  # an array, as saved: numpy makes 0-d results scalars
         self.save_for_backward(a, b, out)
         return out
 
     def backward(self, g):
         a, b, out = self.saved
-        ga = g * b * a ** np.where(b, b - 1, 1)  # b = 0: 0, not 0 * 0^-1 = NaN, at a = 0
+        # b = 0: 0, not 0 * 0^-1 = NaN, at a = 0 (so d(da)/db misses a^-1 exactly there)
+        ga = g * b * a ** select(b != 0, b - 1, 1)
         with np.errstate(divide="ignore", invalid="ignore"):
-            log_a = np.where(a > 0, np.log(np.where(a > 0, a, 1)), 0)
-        return unbroadcast(ga, a.shape), unbroadcast(g * out * log_a, b.shape)
+            log_a = select(a > 0, log(select(a > 0, a, 1)), 0)
+        return sum_to(ga, a.shape), sum_to(g * out * log_a, b.shape)
 
 
-class MatMul(Function):
+class MatMul(Op):
     # out = a @ b (np.matmul rules);  da = g @ b^T, db = a^T @ g  (notes 10.4), batch dims summed
     def forward(self, a, b):
         if a.ndim == 0 or b.ndim == 0:
@@ -99,18 +203,18 @@ class MatMul(Function):
         b2 = b[:, None] if b.ndim == 1 else b
         g2 = g
         if a.ndim == 1:
-            g2 = np.expand_dims(g2, -2 if b.ndim > 1 else 0)
+            g2 = unsqueeze(g2, -2 if b.ndim > 1 else 0)
         if b.ndim == 1:
-            g2 = np.expand_dims(g2, -1)
-        ga = unbroadcast(g2 @ np.swapaxes(b2, -1, -2), a2.shape).reshape(a.shape)
-        gb = unbroadcast(np.swapaxes(a2, -1, -2) @ g2, b2.shape).reshape(b.shape)
+            g2 = unsqueeze(g2, -1)
+        ga = sum_to(g2 @ swap_last(b2), a2.shape).reshape(a.shape)
+        gb = sum_to(swap_last(a2) @ g2, b2.shape).reshape(b.shape)
         return ga, gb
 
 
 # --- elementwise unary ops --------------------------------------------------------------------
 
 
-class Neg(Function):
+class Neg(Op):
     # out = -a;  da = -g
     def forward(self, a):
         return -a
@@ -119,10 +223,10 @@ class Neg(Function):
         return (-g,)
 
 
-class Exp(Function):
+class Exp(Op):
     # out = e^a;  da = g * out
     def forward(self, a):
-        out = np.exp(a)
+        out = np.asarray(np.exp(a))  # an array, as saved: numpy makes 0-d results scalars
         self.save_for_backward(out)
         return out
 
@@ -131,7 +235,7 @@ class Exp(Function):
         return (g * out,)
 
 
-class Log(Function):
+class Log(Op):
     # out = ln a;  da = g / a
     def forward(self, a):
         self.save_for_backward(a)
@@ -142,10 +246,10 @@ class Log(Function):
         return (g / a,)
 
 
-class Sqrt(Function):
+class Sqrt(Op):
     # out = sqrt(a);  da = g / (2 out)
     def forward(self, a):
-        out = np.sqrt(a)
+        out = np.asarray(np.sqrt(a))  # an array, as saved: numpy makes 0-d results scalars
         self.save_for_backward(out)
         return out
 
@@ -154,10 +258,10 @@ class Sqrt(Function):
         return (g / (2 * out),)
 
 
-class Tanh(Function):
+class Tanh(Op):
     # out = tanh a;  da = g * (1 - out^2)
     def forward(self, a):
-        out = np.tanh(a)
+        out = np.asarray(np.tanh(a))  # an array, as saved: numpy makes 0-d results scalars
         self.save_for_backward(out)
         return out
 
@@ -166,7 +270,7 @@ class Tanh(Function):
         return (g * (1 - out * out),)
 
 
-class Relu(Function):
+class Relu(Op):
     # out = max(a, 0);  da = g * [a > 0]  (the convention at 0 is 0, notes 8.2)
     def forward(self, a):
         self.save_for_backward(a)
@@ -177,7 +281,7 @@ class Relu(Function):
         return (g * (a > 0),)
 
 
-class Sigmoid(Function):
+class Sigmoid(Op):
     # out = 1 / (1 + e^-a);  da = g * out * (1 - out)
     def forward(self, a):
         # Two branches so that e^(-a) never overflows for large negative a.
@@ -208,14 +312,14 @@ def _normalize_axes(axis: Any, ndim: int, op: str) -> tuple[int, ...]:
     return tuple(normalized)
 
 
-def _expand_reduced(g: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool):
-    """Put back the reduced axes of g as size-1 dims, so that it broadcasts against the input."""
+def _expand_reduced(g: Any, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool):
+    """g broadcast back over the reduced axes of an input of `shape` (put back as size-1 dims)."""
     if not keepdims:
-        g = np.expand_dims(g, axes) if axes else g
-    return np.broadcast_to(g, shape)
+        g = g.reshape(tuple(1 if d in axes else n for d, n in enumerate(shape)))
+    return broadcast_to(g, shape)
 
 
-class Sum(Function):
+class Sum(Op):
     # out = sum_axis a;  da = g broadcast back over the summed axes
     def forward(self, a, axis=None, keepdims=False):
         axes = _normalize_axes(axis, a.ndim, "sum")
@@ -224,10 +328,10 @@ class Sum(Function):
 
     def backward(self, g):
         shape, axes, keepdims = self.saved
-        return (_expand_reduced(g, shape, axes, keepdims).copy(),)
+        return (own(_expand_reduced(g, shape, axes, keepdims)),)
 
 
-class Mean(Function):
+class Mean(Op):
     # out = sum_axis a / n;  da = g / n broadcast back
     def forward(self, a, axis=None, keepdims=False):
         axes = _normalize_axes(axis, a.ndim, "mean")
@@ -242,7 +346,7 @@ class Mean(Function):
         return (_expand_reduced(g, shape, axes, keepdims) / count,)
 
 
-class Max(Function):
+class Max(Op):
     # out = max_axis a;  da = g where a == out, split evenly between ties
     def forward(self, a, axis=None, keepdims=False):
         axes = _normalize_axes(axis, a.ndim, "max")
@@ -254,15 +358,15 @@ class Max(Function):
 
     def backward(self, g):
         a, out, axes, keepdims = self.saved
-        winners = a == out
-        share = winners / winners.sum(axis=axes, keepdims=True)
+        winners = a == out  # a boolean array, also for a Tensor a: the split is a constant
+        share = (winners / winners.sum(axis=axes, keepdims=True)).astype(g.dtype)
         return (share * _expand_reduced(g, a.shape, axes, keepdims),)
 
 
 # --- shape ops --------------------------------------------------------------------------------
 
 
-class Reshape(Function):
+class Reshape(Op):
     # out = a viewed with a new shape;  da = g viewed with a's shape
     def forward(self, a, shape=()):
         self.save_for_backward(a.shape)
@@ -270,10 +374,10 @@ class Reshape(Function):
 
     def backward(self, g):
         (shape,) = self.saved
-        return (g.reshape(shape).copy(),)
+        return (own(g.reshape(shape)),)
 
 
-class Transpose(Function):
+class Transpose(Op):
     # out = a with axes permuted;  da = g with the inverse permutation
     def forward(self, a, axes=None):
         given = tuple(range(a.ndim))[::-1] if axes is None else tuple(axes)
@@ -286,7 +390,7 @@ class Transpose(Function):
 
     def backward(self, g):
         (axes,) = self.saved
-        return (np.transpose(g, np.argsort(axes)).copy(),)
+        return (own(g.transpose(*np.argsort(axes).tolist())),)
 
 
 def _is_basic_index(index: Any) -> bool:
@@ -295,34 +399,78 @@ def _is_basic_index(index: Any) -> bool:
     return all(isinstance(p, (slice, int, np.integer)) or p is None or p is Ellipsis for p in parts)
 
 
-class GetItem(Function):
+class GetItem(Op):
     # out = a[index];  da = zeros, then g added at index (repeated indices accumulate)
     def forward(self, a, index=None):
-        self.save_for_backward(a.shape, a.dtype, index)
+        self.save_for_backward(a.shape, index)
         return a[index]
 
     def backward(self, g):
-        shape, dtype, index = self.saved
-        grad = np.zeros(shape, dtype=np.result_type(dtype, g.dtype))
-        if _is_basic_index(index):
-            grad[index] = g
-        else:
-            np.add.at(grad, index, g)
-        return (grad,)
+        shape, index = self.saved
+        return (scatter_add(g, shape, index),)
 
 
-class Concat(Function):
+def _scatter_add(g: np.ndarray, shape: tuple[int, ...], index: Any) -> np.ndarray:
+    grad = np.zeros(shape, dtype=g.dtype)
+    if _is_basic_index(index):
+        grad[index] = g
+    else:
+        np.add.at(grad, index, g)
+    return grad
+
+
+class ScatterAdd(Op):
+    # out = zeros(shape) with g added at index;  dg = gout[index]  (the transpose of GetItem)
+    def forward(self, g, shape=(), index=None):
+        self.save_for_backward(index)
+        return _scatter_add(g, shape, index)
+
+    def backward(self, g):
+        (index,) = self.saved
+        return (own(g[index]),)
+
+
+class SumTo(Op):
+    # out = a summed back to `shape` (unbroadcast);  da = g broadcast to a's shape
+    def forward(self, a, shape=()):
+        self.save_for_backward(a.shape)
+        return unbroadcast(a, shape, copy=True)
+
+    def backward(self, g):
+        (shape,) = self.saved
+        return (own(broadcast_to(g, shape)),)
+
+
+class BroadcastTo(Op):
+    # out = a repeated up to `shape` (numpy broadcasting);  da = g summed back to a's shape
+    def forward(self, a, shape=()):
+        self.save_for_backward(a.shape)
+        return np.broadcast_to(a, shape).copy()  # an array of its own, not a read-only view
+
+    def backward(self, g):
+        (shape,) = self.saved
+        return (sum_to(g, shape, copy=True),)
+
+
+class Concat(Op):
     # out = concat(a_1..a_n, axis);  da_i = the slice of g that a_i occupies
     def forward(self, *arrays, axis=0):
+        out = np.concatenate(arrays, axis=axis)
+        axis %= out.ndim
         self.save_for_backward(axis, [a.shape[axis] for a in arrays])
-        return np.concatenate(arrays, axis=axis)
+        return out
 
     def backward(self, g):
         axis, sizes = self.saved
-        return tuple(part.copy() for part in np.split(g, np.cumsum(sizes)[:-1], axis=axis))
+        parts = []
+        for start, stop in pairwise(np.cumsum([0, *sizes]).tolist()):
+            index = [slice(None)] * g.ndim
+            index[axis] = slice(start, stop)
+            parts.append(own(g[tuple(index)]))
+        return tuple(parts)
 
 
-class Stack(Function):
+class Stack(Op):
     # out = stack(a_1..a_n, axis);  da_i = g taken at position i along the new axis
     def forward(self, *arrays, axis=0):
         out = np.stack(arrays, axis=axis)
@@ -331,10 +479,10 @@ class Stack(Function):
 
     def backward(self, g):
         axis, n = self.saved
-        return tuple(np.take(g, i, axis=axis) for i in range(n))
+        return tuple(own(g[(slice(None),) * axis + (i,)]) for i in range(n))
 
 
-class Where(Function):
+class Where(Op):
     # out = cond ? a : b;  da = g where cond, db = g where not cond
     def forward(self, a, b, cond=None):
         self.save_for_backward(cond, a.shape, b.shape)
@@ -342,10 +490,8 @@ class Where(Function):
 
     def backward(self, g):
         cond, a_shape, b_shape = self.saved
-        zero = np.zeros((), dtype=g.dtype)
-        return unbroadcast(np.where(cond, g, zero), a_shape), unbroadcast(
-            np.where(cond, zero, g), b_shape
-        )
+        zero = g.dtype.type(0)
+        return sum_to(select(cond, g, zero), a_shape), sum_to(select(cond, zero, g), b_shape)
 
 
 # --- free functions of the public API ---------------------------------------------------------

@@ -139,11 +139,29 @@ class Recorder:
                 "the trace. Return the tensor from the step and read it outside"
             )
 
-    def backward(self, root: Tensor, retain_graph: bool) -> hooks.Observer:
+    def backward(self, roots: Any, seeds: Any, create_graph: bool, inputs: Any) -> hooks.Observer:
+        if create_graph:
+            raise TraceError(
+                "compile: backward with create_graph=True (higher-order gradients) cannot be "
+                "compiled: a replay repeats one first-order backward; run this step eagerly"
+            )
+        if inputs is not None:
+            raise TraceError(
+                "compile: autograd.grad (gradients returned, not accumulated into .grad) cannot "
+                "be compiled; call loss.backward() in the step"
+            )
         if self.backward_steps is not None:
             raise TraceError("compile: a compiled step may run backward() once")
+        if len(roots) != 1:
+            raise TraceError("compile: backward of several outputs at once cannot be compiled")
+        (root,), (seed,) = roots, seeds
         if id(root) not in self.values:
             raise TraceError("compile: backward() of a tensor that the step did not compute")
+        if not (isinstance(seed, np.ndarray) and seed.size == 1 and seed.item() == 1):
+            raise TraceError(
+                "compile: backward(grad=...) with a gradient of its own cannot be compiled (the "
+                "replay starts from dL/dL = 1); call backward() on a one-element loss"
+            )
         self.backward_steps = []
         self.in_backward = True
         self.program.append(("backward", self.values[id(root)], self.backward_steps))

@@ -95,7 +95,8 @@ class Function:
     backward needs with `self.save_for_backward(...)`. `backward(self, grad)` receives
     dL/d(output) and returns one gradient per input array (None for an input that needs none),
     each an array of its own (never `grad` or a view of it). An instance is the graph node: it
-    keeps the inputs until backward releases it.
+    keeps the inputs until backward releases it. `vjp` is the same VJP on Tensors, for
+    create_graph=True (autograd/higher_order.py).
     """
 
     __slots__ = ("inputs", "saved", "saved_versions", "created_at")
@@ -108,6 +109,14 @@ class Function:
 
     def backward(self, grad: np.ndarray) -> tuple[np.ndarray | None, ...]:
         raise NotImplementedError
+
+    def vjp(self, grad: Tensor, output: Tensor) -> tuple[Tensor | None, ...]:
+        """backward on Tensors, written with Tensor ops, so that the gradients it returns have a
+        graph of their own (create_graph=True). `output` is the tensor this node produced."""
+        raise NotImplementedError(
+            f"{self.name} has no differentiable VJP (Function.vjp), so create_graph=True cannot "
+            "differentiate through it; write one with Tensor ops (or see autograd.ops.Op)"
+        )
 
     @property
     def name(self) -> str:
@@ -392,37 +401,34 @@ class Tensor:
         return self._inplace(np.divide, other, "/=")
 
     # --- backward ------------------------------------------------------------------------------
-    def backward(self, grad: Any = None, retain_graph: bool = False, trace: bool = False) -> None:
+    def backward(
+        self,
+        grad: Any = None,
+        retain_graph: bool | None = None,
+        trace: bool = False,
+        create_graph: bool = False,
+    ) -> None:
         """Accumulate dself/dleaf into every leaf's .grad (notes 10.2: branches add up).
 
         grad: dL/dself; may be omitted only when self has one element (then it is 1).
-        retain_graph: keep the recorded ops so that backward can run through them again.
+        retain_graph: keep the recorded ops so that backward can run through them again
+        (default: create_graph).
         trace: print every step of the backward pass (op, shapes, gradient norms).
+        create_graph: the .grad of each leaf becomes a Tensor with a graph of its own, which can
+        be differentiated again (as in PyTorch); see autograd.grad for the usual way.
         """
         if not self.requires_grad:
             raise RuntimeError(
                 f"backward: this tensor (shape {self.shape}) does not require grad and has no graph"
             )
-        if grad is None:
-            if self.size != 1:
-                raise RuntimeError(
-                    f"backward: output has shape {self.shape}; a gradient can be implied only for "
-                    "a one-element output; pass grad= with the output's shape"
-                )
-            grad = np.ones_like(self._data)
-        else:
-            # a copy: the caller's array must never become (or alias) some tensor's .grad
-            grad = np.array(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
-            if grad.shape != self.shape:
-                raise ValueError(
-                    f"backward: grad has shape {grad.shape} but the output has shape {self.shape}"
-                )
-            if not np.isfinite(grad).all():
-                raise ValueError("backward: the seed gradient contains NaN or Inf")
+        seed = seed_gradient(self, grad, "backward")
+        if create_graph:
+            seed = Tensor._make(seed, False)
         observers = list(hooks.ACTIVE)
         if trace:  # the tracer is registered by autograd/trace.py (autograd/__init__ imports it)
             observers.append(hooks.TRACER())
-        run_backward(self, grad, retain_graph, observers)
+        retain = create_graph if retain_graph is None else retain_graph
+        run_backward([self], [seed], retain, observers, create_graph=create_graph)
 
     # Operators (+ - * / ** @, indexing, .sum(), .exp(), ...) are attached by autograd/ops.py,
     # where the ops are defined. Comparisons are elementwise and give plain boolean arrays (they
@@ -459,14 +465,34 @@ def _index_array(index: Any) -> Any:
     return index
 
 
-def _topological_order(root: Tensor) -> list[Tensor]:
-    """Tensors of root's graph, every tensor after all the ops that consume it (outputs first).
+def seed_gradient(output: Tensor, grad: Any, caller: str) -> np.ndarray:
+    """The gradient that starts a backward pass from `output`: a copy of `grad` (the caller's
+    array must never become, or alias, some tensor's .grad), or 1 for a one-element output."""
+    if grad is None:
+        if output.size != 1:
+            raise RuntimeError(
+                f"{caller}: output has shape {output.shape}; a gradient can be implied only for "
+                "a one-element output; pass grad= with the output's shape"
+            )
+        return np.ones_like(output._data)
+    grad = np.array(grad.data if isinstance(grad, Tensor) else grad, dtype=output.dtype)
+    if grad.shape != output.shape:
+        raise ValueError(
+            f"{caller}: grad has shape {grad.shape} but the output has shape {output.shape}"
+        )
+    if not np.isfinite(grad).all():
+        raise ValueError(f"{caller}: the seed gradient contains NaN or Inf")
+    return grad
+
+
+def _topological_order(roots: Sequence[Tensor]) -> list[Tensor]:
+    """Tensors of the roots' graph, every tensor after all the ops that consume it (outputs first).
 
     An explicit stack instead of recursion, so that a chain of 100,000 ops is fine.
     """
     post_order: list[Tensor] = []
     visited: set[int] = set()
-    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    stack: list[tuple[Tensor, bool]] = [(root, False) for root in reversed(roots)]
     while stack:
         tensor, inputs_done = stack.pop()
         if inputs_done:
@@ -492,28 +518,61 @@ def _topological_order(root: Tensor) -> list[Tensor]:
     return post_order
 
 
+def _reaching(order: list[Tensor], targets: set[int]) -> set[int]:
+    """Ids of the tensors in `order` from which some target can be reached (targets included)."""
+    reach: set[int] = set()
+    for tensor in reversed(order):  # inputs before the ops that consume them
+        fn = tensor._ctx
+        if id(tensor) in targets or (fn is not None and any(id(p) in reach for p in fn.inputs)):
+            reach.add(id(tensor))
+    return reach
+
+
 def run_backward(
-    root: Tensor, seed: np.ndarray, retain_graph: bool, observers: Sequence[hooks.Observer] = ()
-) -> None:
-    """The backward loop: walk the ops from the output to the leaves, applying each VJP."""
+    roots: Sequence[Tensor],
+    seeds: Sequence[Any],
+    retain_graph: bool,
+    observers: Sequence[hooks.Observer] = (),
+    create_graph: bool = False,
+    inputs: Sequence[Tensor] | None = None,
+) -> list[Any] | None:
+    """The backward loop: walk the ops from the outputs to the leaves, applying each VJP.
+
+    create_graph: apply each op's `vjp` (Tensors in, Tensors out) instead of its numpy
+    `backward`: the gradients are then Tensors whose own graph can be differentiated again.
+    inputs: return the gradients of these tensors (None where none arrived) instead of
+    accumulating into the leaves' .grad, running only the ops on a path to them (autograd.grad).
+    """
     recorder = hooks.RECORDER
-    if recorder is not None:  # autograd.compile records the order of the VJPs
-        observers = [*observers, recorder.backward(root, retain_graph)]
-    pending: dict[int, np.ndarray] = {id(root): seed}  # gradients waiting for their tensor
+    if recorder is not None:  # autograd.compile records the order of the VJPs (or refuses)
+        observers = [*observers, recorder.backward(roots, seeds, create_graph, inputs)]
+    pending: dict[int, Any] = {}  # gradients waiting for their tensor
+    for root, seed in zip(roots, seeds, strict=True):
+        key = id(root)
+        pending[key] = pending[key] + seed if key in pending else seed
+    order = _topological_order(roots)
+    wanted = {id(t) for t in inputs} if inputs is not None else None
+    reach = _reaching(order, wanted) if wanted is not None else None
+    found: dict[int, Any] = {}
     adopted: set[int] = set()  # arrays that became some tensor's .grad during this pass
-    for step, tensor in enumerate(_topological_order(root)):
+    for step, tensor in enumerate(order):
         grad = pending.pop(id(tensor), None)
         if grad is None:
             continue
         fn = tensor._ctx
-        if fn is None or tensor._retains_grad:
+        if wanted is not None:
+            if id(tensor) in wanted:
+                found[id(tensor)] = grad
+            if fn is None or not any(id(p) in reach for p in fn.inputs):
+                continue  # nothing below this tensor is asked for
+        elif fn is None or tensor._retains_grad:
             _accumulate(tensor, grad, adopted)
         if fn is None:
             for observer in observers:
                 observer.leaf(tensor, grad)
             continue
         _check_saved_versions(fn)
-        input_grads = fn.backward(grad)
+        input_grads = fn.vjp(grad, tensor) if create_graph else fn.backward(grad)
         for observer in observers:
             observer.backward_step(step, fn, tensor, grad, input_grads)
         for parent, parent_grad in zip(fn.inputs, input_grads, strict=True):
@@ -527,6 +586,7 @@ def run_backward(
             fn.release()
     if recorder is not None:
         recorder.backward_done()
+    return None if inputs is None else [found.get(id(t)) for t in inputs]
 
 
 def _check_gradient_shape(fn: Function, parent: Tensor, grad: np.ndarray) -> None:
@@ -537,11 +597,14 @@ def _check_gradient_shape(fn: Function, parent: Tensor, grad: np.ndarray) -> Non
         )
 
 
-def _accumulate(tensor: Tensor, grad: np.ndarray, adopted: set[int]) -> None:
+def _accumulate(tensor: Tensor, grad: Any, adopted: set[int]) -> None:
     """tensor.grad += grad. A first gradient that this backward pass owns outright (a fresh
     array, not a view, not handed out before) becomes .grad as it is: no copy of every parameter
-    gradient each step. Anything else is copied, so two .grad arrays never share memory."""
-    if tensor.grad is not None:
+    gradient each step. Anything else is copied, so two .grad arrays never share memory. A
+    Tensor gradient (create_graph) is kept as a Tensor, its graph with it."""
+    if isinstance(grad, Tensor):
+        tensor.grad = grad if tensor.grad is None else grad + tensor.grad
+    elif tensor.grad is not None:
         tensor.grad += grad
     elif grad.dtype == tensor.dtype and grad.flags.owndata and id(grad) not in adopted:
         adopted.add(id(grad))

@@ -2,6 +2,7 @@
 
     python -m benchmarks                       # ops, kernels, train, generate on tiny, mid, small
     python -m benchmarks --suite ddp           # training tokens/s at 1 and 2 MPI ranks
+    python -m benchmarks --suite tokenizer     # BPE: train 1,000 merges, encode the demo corpus
     python -m benchmarks --quick               # small shapes, < 1 minute (the test suite runs it)
     python -m benchmarks --suite train --config V65/T128/L4/H4/C128/B16 --threads 2
     python -m benchmarks --json out.json --markdown docs/benchmarks.md --plot bench.png
@@ -33,8 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--suite",
         action="append",
-        choices=("ops", "kernels", "train", "generate", "ddp"),
-        help="suite to run (repeatable; default: ops, kernels, train, generate; ddp on request)",
+        choices=("ops", "kernels", "train", "generate", "ddp", "tokenizer"),
+        help="suite to run (repeatable; default: ops, kernels, train, generate; ddp and "
+        "tokenizer on request)",
     )
     parser.add_argument(
         "--config",

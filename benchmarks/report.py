@@ -72,6 +72,17 @@ def _tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str
         tables.append(
             ("Data-parallel training over MPI (1 BLAS + 1 Numba thread per rank)", headers, rows)
         )
+    if suites.get("tokenizer"):
+        rows = []
+        for r in suites["tokenizer"]:
+            v, params = r["variants"]["python"], r["params"]
+            detail = f"vocab {params['vocab_size']}"
+            if "tokens" in params:
+                detail += f", {params['tokens']:,} tokens ({params['bytes_per_token']:.2f} B/token)"
+            speed = _num(v.get("mb_per_s"), ".2f")
+            rows.append([r["name"], f"{params['corpus_bytes']:,}", _ms(v), speed, detail])
+        headers = ["task", "corpus bytes", "ms", "MB/s", "result"]
+        tables.append(("Tokenizer: byte-level BPE (pure Python)", headers, rows))
     for suite, title in (
         ("ops", "Ops, forward + backward"),
         ("kernels", "Kernels: Numba vs numpy reference"),

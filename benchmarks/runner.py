@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks import ddp, suites, system, timing
+from benchmarks import ddp, suites, system, timing, tokenizer
 from benchmarks.configs import FLOPS_FORMULA, STANDARD, BenchConfig
 from benchmarks.timing import MEMORY_METHOD
 
@@ -26,6 +26,8 @@ SUITES: dict[str, Callable[[suites.Context, list[BenchConfig]], list[dict[str, A
     ),
     # tokens/s at 1 and 2 MPI ranks (needs glassgrad[mpi]); run on request only: it starts jobs
     "ddp": lambda ctx, configs: ddp.ddp_suite(ctx, configs[-1]),
+    # BPE training and encoding on the demo corpus; on request only (no model, no torch column)
+    "tokenizer": lambda ctx, configs: tokenizer.tokenizer_suite(ctx),
 }
 DEFAULT_SUITES = ["ops", "kernels", "train", "generate"]
 

@@ -1,4 +1,5 @@
-"""The suites: ops, kernels, train and generate. Each returns a list of records.
+"""The suites: ops, kernels, train and generate (tokenizer: benchmarks.tokenizer, ddp:
+benchmarks.ddp). Each returns a list of records.
 
 A record is {"suite", "name", "params", "variants": {variant: stats}, "ratios": {...}}: stats come
 from timing.measure (warmup_s, median_ms, min_ms, max_ms, reps, peak_mb) plus suite figures
@@ -30,7 +31,7 @@ import numpy as np
 import nn
 from autograd import Tensor, kernels, no_grad
 from autograd import functional as F
-from benchmarks import timing
+from benchmarks import timing, tokenizer
 from benchmarks.configs import STANDARD, BenchConfig, train_flops
 from models.gpt import GPT
 
@@ -656,4 +657,12 @@ def summarize_targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for name in ("attention fwd+bwd", "softmax fwd+bwd"):
         ratio = kern[name]["ratios"].get("vs_torch") if name in kern else None
         add(f"kernel {name}: no slower than torch", ratio, None if ratio is None else ratio <= 1.0)
+    tok = {r["name"]: r["variants"]["python"] for r in records if r["suite"] == "tokenizer"}
+    if "train 1000 merges" in tok:  # the full corpus (not --quick)
+        for name, limit in (
+            ("train 1000 merges", tokenizer.TRAIN_LIMIT_S),
+            ("encode corpus (cold cache)", tokenizer.ENCODE_LIMIT_S),
+        ):
+            seconds = tok[name]["median_ms"] / 1e3
+            add(f"tokenizer {name} on the demo corpus: < {limit:g} s", seconds, seconds < limit)
     return checks

@@ -8,8 +8,8 @@
 
 from autograd import check_packages  # nn, imported by models.gpt, checks autograd
 from models.gpt import GPT, GPTConfig
-from models.tokenizer import CharTokenizer
+from models.tokenizer import BPETokenizer, CharTokenizer
 
-__all__ = ["GPT", "CharTokenizer", "GPTConfig"]
+__all__ = ["GPT", "BPETokenizer", "CharTokenizer", "GPTConfig"]
 
 check_packages("nn", "models")  # no folder of the same name may shadow glassgrad's

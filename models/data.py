@@ -2,7 +2,9 @@
 
 The default corpus is real text that every Python installation has, with no download: a fixed list
 of the standard library's own source files (code, comments and docstrings), read from this
-interpreter's stdlib directory. `--data FILE` replaces it with any UTF-8 text file.
+interpreter's stdlib directory. `--data FILE` replaces it with any UTF-8 text file. The text is
+split before it is tokenized: a BPE vocabulary learns from the training part alone, and character
+and BPE runs validate on the same text.
 
 A batch depends only on (seed, step): the same seed gives the same batches, a run resumed at step k
 sees exactly the batches the uninterrupted run saw, and data-parallel ranks can each take their
@@ -12,12 +14,13 @@ share of one global batch without talking to each other.
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from models.tokenizer import CharTokenizer
+from models.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 
 # Pure-Python modules present in every CPython since 3.10, in a fixed order: the same interpreter
 # always yields the same corpus (about 1 MB of text). shlex.py is left out: its table of 60
@@ -95,22 +98,28 @@ def load_text(path: str | Path) -> str:
 
 @dataclass
 class Corpus:
-    """A text's token ids split into train and validation parts, and the tokenizer used."""
+    """A text's token ids split into train and validation parts, and the tokenizer used.
 
-    tokenizer: CharTokenizer
+    val_bytes: the UTF-8 size of the validation text, for losses in bits per byte
+    (models.evaluate), which compare across tokenizers where nats per token do not."""
+
+    tokenizer: Tokenizer
     train: np.ndarray
     val: np.ndarray
     source: str
+    val_bytes: int
 
 
-def split_ids(ids: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """The last `val_fraction` of the ids is validation text: contiguous, never seen in training."""
+def split_ids(ids: Sequence, val_fraction: float) -> tuple[Sequence, Sequence]:
+    """The last `val_fraction` of the ids (or of the characters of a str) is validation text:
+    contiguous, never seen in training."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"split_ids: val_fraction must be in (0, 1), got {val_fraction}")
     n_val = int(round(len(ids) * val_fraction))
     if n_val < 2 or len(ids) - n_val < 2:
+        what = "characters" if isinstance(ids, str) else "tokens"
         raise ValueError(
-            f"split_ids: {len(ids)} tokens are too few for a train/val split at {val_fraction}"
+            f"split_ids: {len(ids)} {what} are too few for a train/val split at {val_fraction}"
         )
     return ids[:-n_val], ids[-n_val:]
 
@@ -118,18 +127,23 @@ def split_ids(ids: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndar
 def prepare_corpus(
     path: str | Path | None = None,
     val_fraction: float = 0.1,
-    tokenizer: CharTokenizer | None = None,
+    tokenizer: Tokenizer | None = None,
+    bpe_vocab_size: int | None = None,
 ) -> Corpus:
-    """Load the text (default corpus when path is None), tokenize it, split it.
+    """Load the text (default corpus when path is None), split it, tokenize both parts.
 
-    Without a tokenizer, a character vocabulary is built from the whole text (so validation never
-    meets an unknown character); when resuming, pass the checkpoint's tokenizer instead.
+    Without a tokenizer: with bpe_vocab_size, BPE learned from the training part only (the
+    validation text stays unseen); otherwise a character vocabulary of the whole text (so
+    validation never meets an unknown character). When resuming, pass the checkpoint's tokenizer.
     """
     text = load_default_corpus() if path is None else load_text(path)
     source = "python stdlib sources" if path is None else str(path)
+    train_text, val_text = split_ids(text, val_fraction)
+    if tokenizer is None and bpe_vocab_size is not None:
+        tokenizer = BPETokenizer.train(train_text, bpe_vocab_size)
     tokenizer = tokenizer or CharTokenizer.from_text(text)
-    train, val = split_ids(tokenizer.encode(text), val_fraction)
-    return Corpus(tokenizer, train, val, source)
+    train, val = (np.asarray(tokenizer.encode(t), dtype=np.int64) for t in (train_text, val_text))
+    return Corpus(tokenizer, train, val, source, val_bytes=len(val_text.encode("utf-8")))
 
 
 def _check_length(ids: np.ndarray, block_size: int, what: str) -> None:

@@ -8,7 +8,8 @@ written under --out:
 
     model.safetensors   weights under Hugging Face GPT-2 names (GPT.from_pretrained loads it)
     config.json         GPT-2 config keys, plus ours under "glassgrad"
-    tokenizer.json      the character vocabulary
+    tokenizer.json      the character vocabulary (or, with --tokenizer bpe, GPT-2's vocab.json +
+                        merges.txt: the directory then loads like a GPT-2 download)
     optimizer.safetensors + train_state.json   what --resume needs to continue bit-exactly
     loss.png            the loss curves against the unigram baseline
 """
@@ -34,11 +35,13 @@ import nn
 from autograd import no_grad
 from models.data import eval_batches, get_batch, prepare_corpus, unigram_baseline
 from models.gpt import GPT, GPTConfig
-from models.tokenizer import CharTokenizer
+from models.tokenizer import Tokenizer, load_tokenizer, save_tokenizer
 
 # The demo defaults: tuned to finish in a few minutes on 2 CPU cores (see docs/gpt.md).
 DEFAULTS: dict[str, Any] = {
     "data": None,
+    "tokenizer": "char",
+    "vocab_size": 1024,
     "out": "runs/demo",
     "steps": 2000,
     "batch_size": 16,
@@ -62,6 +65,8 @@ DEFAULTS: dict[str, Any] = {
 # Settings a resumed run takes from its checkpoint: changing them would not continue that run.
 RUN_DEFINING = (
     "data",
+    "tokenizer",
+    "vocab_size",
     "batch_size",
     "block_size",
     "n_layer",
@@ -82,12 +87,14 @@ STATE_FORMAT = "glassgrad-train-state"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m models.train",
-        description="Train a character-level GPT (default corpus: Python stdlib sources).",
+        description="Train a GPT on characters or BPE tokens (default corpus: Python stdlib).",
     )
     add = p.add_argument
     # default=None everywhere: a resumed run must tell what the user typed from the defaults.
     add("--data", help="UTF-8 text file to train on (default: Python standard library sources)")
     add("--out", help=f"checkpoint directory (default {DEFAULTS['out']})")
+    add("--tokenizer", choices=["char", "bpe"], help="characters (default) or byte-level BPE")
+    add("--vocab-size", type=int, help=f"BPE vocabulary (default {DEFAULTS['vocab_size']})")
     add("--steps", type=int, help=f"total optimizer steps (default {DEFAULTS['steps']})")
     add("--batch-size", type=int, help=f"sequences per step (default {DEFAULTS['batch_size']})")
     add("--block-size", type=int, help=f"context length (default {DEFAULTS['block_size']})")
@@ -129,7 +136,8 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
     settings = {**DEFAULTS, **given}
     if args.resume:
-        saved = read_train_state(Path(settings["out"]))["settings"]
+        # Defaults first: a checkpoint older than a setting ran with its default.
+        saved = {**DEFAULTS, **read_train_state(Path(settings["out"]))["settings"]}
         changed = [k for k in RUN_DEFINING if k in given and given[k] != saved[k]]
         if changed:
             detail = ", ".join(
@@ -140,6 +148,8 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("steps", "batch_size", "block_size", "eval_every", "eval_batches"):
         if settings[key] < 1:
             raise SystemExit(f"train: --{key.replace('_', '-')} must be >= 1, got {settings[key]}")
+    if "vocab_size" in given and settings["tokenizer"] != "bpe":
+        raise SystemExit("train: --vocab-size needs --tokenizer bpe")
     if settings["warmup"] > settings["steps"]:
         settings["warmup"] = settings["steps"]
     return settings
@@ -305,7 +315,7 @@ def save_run(
     out: Path,
     model: GPT,
     optimizer: nn.optim.Optimizer,
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     step: int,
     settings: dict[str, Any],
     history: dict[str, Any],
@@ -315,7 +325,7 @@ def save_run(
     out.mkdir(parents=True, exist_ok=True)
     stamp = {"step": str(step)}
     model.save_pretrained(out, metadata=stamp)
-    tokenizer.save(out / "tokenizer.json")
+    save_tokenizer(tokenizer, out)
     arrays, optimizer_rest = nn.split_optimizer_state(optimizer.state_dict())
     nn.save_safetensors(out / "optimizer.safetensors", arrays, metadata=stamp)
     state = {
@@ -339,7 +349,7 @@ def read_train_state(out: Path) -> dict[str, Any]:
     return state
 
 
-def load_run(out: Path) -> tuple[GPT, nn.optim.Optimizer, CharTokenizer, dict[str, Any]]:
+def load_run(out: Path) -> tuple[GPT, nn.optim.Optimizer, Tokenizer, dict[str, Any]]:
     """Model, optimizer and tokenizer exactly as save_run left them, and the saved train state."""
     state = read_train_state(out)
     step = str(state["step"])
@@ -356,8 +366,7 @@ def load_run(out: Path) -> tuple[GPT, nn.optim.Optimizer, CharTokenizer, dict[st
     rngs = _dropout_rngs(model)
     for name, saved in state["dropout_rng"].items():
         rngs[name].bit_generator.state = saved
-    tokenizer = CharTokenizer.load(out / "tokenizer.json")
-    return model, optimizer, tokenizer, state
+    return model, optimizer, load_tokenizer(out), state
 
 
 def plot_losses(path: Path, history: dict[str, Any], baseline: float) -> None:
@@ -444,13 +453,15 @@ def _log(quiet: bool, message: str) -> None:
 
 def _setup(
     s: dict[str, Any], resume: bool
-) -> tuple[GPT, nn.optim.Optimizer, CharTokenizer, Any, int, dict[str, Any]]:
+) -> tuple[GPT, nn.optim.Optimizer, Tokenizer, Any, int, dict[str, Any]]:
     """Model, optimizer, tokenizer, corpus, first step and history: new, or from --out."""
     if resume:
         model, optimizer, tokenizer, state = load_run(Path(s["out"]))
         corpus = prepare_corpus(s["data"], tokenizer=tokenizer)
         return model, optimizer, tokenizer, corpus, state["step"], state["history"]
-    corpus = prepare_corpus(s["data"])
+    corpus = prepare_corpus(
+        s["data"], bpe_vocab_size=s["vocab_size"] if s["tokenizer"] == "bpe" else None
+    )
     config = GPTConfig(
         vocab_size=corpus.tokenizer.vocab_size,
         block_size=s["block_size"],
@@ -570,9 +581,9 @@ def _evaluate(
     _log(quiet, f"step {step}: train loss {train_loss:.4f}, val loss {val_loss:.4f}")
 
 
-def sample_text(model: GPT, tokenizer: CharTokenizer, prompt: str, n_tokens: int, seed: int) -> str:
+def sample_text(model: GPT, tokenizer: Tokenizer, prompt: str, n_tokens: int, seed: int) -> str:
     """Prompt + n_tokens sampled at temperature 0.8 (a little sharper than the model)."""
-    ids = tokenizer.encode(prompt) if prompt else np.array([0])
+    ids = np.asarray(tokenizer.encode(prompt), dtype=np.int64) if prompt else np.array([0])
     out = model.generate(ids[None, :], n_tokens, temperature=0.8, rng=np.random.default_rng(seed))
     return tokenizer.decode(out[0])
 

@@ -1,8 +1,9 @@
 """Continue a prompt with a trained GPT: `python -m models.sample --ckpt runs/demo --prompt "def "`.
 
 Loads the checkpoint directory written by models.train (config.json + model.safetensors +
-tokenizer.json) and prints the prompt followed by the generated text (notes 12: one token at a
-time from the last position's distribution, with the KV cache unless --no-cache).
+tokenizer.json, or vocab.json + merges.txt for BPE: a GPT-2 download works too) and prints the
+prompt followed by the generated text (notes 12: one token at a time from the last position's
+distribution, with the KV cache unless --no-cache).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from models.gpt import GPT
-from models.tokenizer import CharTokenizer
+from models.tokenizer import Tokenizer, load_tokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,16 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load(ckpt: str | Path) -> tuple[GPT, CharTokenizer]:
+def load(ckpt: str | Path) -> tuple[GPT, Tokenizer]:
     """The model and tokenizer of a checkpoint directory."""
-    ckpt = Path(ckpt)
-    tokenizer_path = ckpt / "tokenizer.json"
-    if not tokenizer_path.is_file():
-        raise FileNotFoundError(
-            f"sample: {tokenizer_path} does not exist; --ckpt must be a directory written by "
-            "models.train"
-        )
-    return GPT.from_pretrained(ckpt), CharTokenizer.load(tokenizer_path)
+    tokenizer = load_tokenizer(ckpt)  # first: its error says what a checkpoint directory holds
+    return GPT.from_pretrained(ckpt), tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         model, tokenizer = load(args.ckpt)
-        ids = tokenizer.encode(args.prompt)
+        ids = np.asarray(tokenizer.encode(args.prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("--prompt is empty; give at least one character")
         rng = np.random.default_rng(args.seed)

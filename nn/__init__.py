@@ -24,6 +24,7 @@ from nn.checkpoint import (
     save_checkpoint,
     save_json_atomic,
     save_safetensors,
+    save_text_atomic,
     split_optimizer_state,
 )
 from nn.layers import (
@@ -38,6 +39,15 @@ from nn.layers import (
 )
 from nn.module import Module, ModuleList, Parameter, Sequential
 from nn.optim import clip_grad_norm_
+from nn.transformer import (
+    CrossAttention,
+    DecoderBlock,
+    EncoderBlock,
+    SelfAttention,
+    SinusoidalPositions,
+    position_embedding,
+    sinusoidal_table,
+)
 
 __all__ = [
     "GELU",
@@ -45,8 +55,11 @@ __all__ = [
     "Block",
     "CausalSelfAttention",
     "CheckpointError",
+    "CrossAttention",
+    "DecoderBlock",
     "Dropout",
     "Embedding",
+    "EncoderBlock",
     "LayerKVCache",
     "LayerNorm",
     "Linear",
@@ -55,7 +68,9 @@ __all__ = [
     "Parameter",
     "RMSNorm",
     "ReLU",
+    "SelfAttention",
     "Sequential",
+    "SinusoidalPositions",
     "apply_rotary",
     "clip_grad_norm_",
     "join_optimizer_state",
@@ -63,10 +78,13 @@ __all__ = [
     "load_checkpoint",
     "load_safetensors",
     "optim",
+    "position_embedding",
     "rotary_tables",
     "save_checkpoint",
     "save_json_atomic",
     "save_safetensors",
+    "save_text_atomic",
+    "sinusoidal_table",
     "split_optimizer_state",
 ]
 

@@ -75,10 +75,14 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def save_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write text to path as UTF-8, atomically (temporary file + rename)."""
+    _write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
 def save_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Write obj as JSON to path atomically (temporary file + rename)."""
-    text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    _write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+    save_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 # --- safetensors --------------------------------------------------------------------------------

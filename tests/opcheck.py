@@ -1,5 +1,6 @@
 """The one helper every op test uses: forward vs numpy, backward vs central differences, and the
-discipline every VJP keeps (it changes none of its inputs and returns fresh arrays)."""
+discipline every VJP keeps (it changes none of its inputs and returns fresh arrays); and its
+second-order twin, check_op_twice: the double backward vs central differences of the gradient."""
 
 from __future__ import annotations
 
@@ -31,18 +32,29 @@ def check_op(
     truncation error (which grows with the step): at |x| ~ 1e3 the step is 1e-5.
     Every node's VJP is also called by hand to check it mutates nothing and aliases nothing.
     """
-    autograd.set_default_dtype(np.float64)
-    differentiable = differentiable or [True] * len(arrays)
-    inputs = [
-        Tensor(np.array(a, dtype=np.float64), requires_grad=d) if d else a
-        for a, d in zip(arrays, differentiable, strict=True)
-    ]
+    inputs = _float64_inputs(arrays, differentiable)
     out = op(*inputs)
     assert out.dtype == np.float64, f"float64 in, {out.dtype} out"
     if reference is not None:
         expected = reference(*[np.array(a, dtype=np.float64) for a in arrays])
         np.testing.assert_allclose(out.data, expected, rtol=forward_rtol, atol=forward_rtol)
     check_vjp_discipline(out)
+    op_of_tensors, tensors, eps = _of_tensors(op, inputs, eps)
+    autograd.gradcheck(op_of_tensors, tensors, eps=eps, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def _float64_inputs(arrays, differentiable):
+    autograd.set_default_dtype(np.float64)
+    differentiable = differentiable or [True] * len(arrays)
+    return [
+        Tensor(np.array(a, dtype=np.float64), requires_grad=d) if d else a
+        for a, d in zip(arrays, differentiable, strict=True)
+    ]
+
+
+def _of_tensors(op, inputs, eps):
+    """op as a function of its Tensor inputs only, those inputs, and the central-difference step
+    (see check_op) when eps is None."""
     tensors = [t for t in inputs if isinstance(t, Tensor)]
     if eps is None:
         finite = [np.abs(t.data[np.isfinite(t.data)]) for t in tensors]
@@ -53,7 +65,21 @@ def check_op(
         it = iter(ts)
         return op(*[next(it) if isinstance(x, Tensor) else x for x in inputs])
 
-    autograd.gradcheck(op_of_tensors, tensors, eps=eps, atol=TOLERANCE, rtol=TOLERANCE)
+    return op_of_tensors, tensors, eps
+
+
+def check_op_twice(op, arrays, differentiable=None, eps=None) -> None:
+    """gradgradcheck `op` on float64 copies of `arrays` (the same tolerance and step as check_op):
+    the create_graph gradient against central differences of the op, then its derivatives (the
+    double backward) against central differences of that gradient."""
+    inputs = _float64_inputs(arrays, differentiable)
+    op_of_tensors, tensors, eps = _of_tensors(op, inputs, eps)
+    autograd.gradgradcheck(op_of_tensors, tensors, eps=eps, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def check_example_twice(example) -> None:
+    """check_op_twice on an `op_cases.Example`."""
+    check_op_twice(example.op, example.arrays, example.differentiable)
 
 
 def check_example(example) -> None:

@@ -247,3 +247,33 @@ def test_split_products_equal_numpy(monkeypatch, a_shape, b_shape):
     out = np.empty(np.matmul(a, b).shape)
     lowering.split_matmul(a, b, out)
     np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_create_graph_and_autograd_grad_are_refused():
+    w = Tensor(np.ones(3), requires_grad=True)
+
+    def second_order():
+        loss = (w * w).sum()
+        loss.backward(create_graph=True)
+        return loss
+
+    def gradients():
+        loss = (w * w).sum()
+        return autograd.grad(loss, [w])
+
+    with pytest.raises(TraceError, match="create_graph"):
+        autograd.compile(second_order)()
+    with pytest.raises(TraceError, match="autograd.grad"):
+        autograd.compile(gradients)()
+
+
+def test_an_explicit_seed_gradient_is_refused():
+    w = Tensor(np.ones(3), requires_grad=True)
+
+    def step():
+        y = w * 2
+        y.backward(np.ones(3))
+        return y
+
+    with pytest.raises(TraceError, match="grad="):
+        autograd.compile(step)()

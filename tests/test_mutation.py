@@ -1,5 +1,8 @@
 """The suite proves it can fail: every op of the registry gets a wrong backward, and check_op must
 notice. Two mutations per op: every input gradient scaled by 1.5, and one element off by 0.01.
+Then the same one order up: every op gets a wrong differentiable VJP (Function.vjp, what
+create_graph=True runs), and gradgradcheck (check_op_twice) must notice: its gradients scaled by
+1.5, or their values kept but their derivatives (the double backward) scaled by 1.5.
 
 The op's primitive is the Function that made its output (found by running the op once), so a new
 op registered in op_cases.py is mutated here without a line of its own.
@@ -11,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import Phase, given, settings
 from op_cases import CASES
-from opcheck import check_example
+from opcheck import check_example, check_example_twice
 
 import autograd
 from autograd import Tensor, kernels
@@ -73,6 +76,56 @@ def test_check_op_catches_a_wrong_backward(name, mutation):
     @given(case.strategy)
     def search(example):
         if caught(example, MUTATIONS[mutation]):
+            raise Caught
+
+    with kernels.use_backend(case.backend), pytest.raises(Caught):
+        search()
+
+
+def vjp_values_scaled(r):
+    return r * 1.5
+
+
+def vjp_derivatives_scaled(r):
+    """The same value, but d(r)/d(anything) is 1.5 times too large."""
+    return r.detach() + (r - r.detach()) * 1.5
+
+
+SECOND_ORDER_MUTATIONS = {
+    "vjp_scaled_by_1.5": vjp_values_scaled,
+    "double_backward_scaled_by_1.5": vjp_derivatives_scaled,
+}
+
+
+def caught_twice(example, mutation) -> bool:
+    """True when check_op_twice fails on `example` with the primitive's vjp mutated."""
+    cls = primitive_of(example)
+    own_vjp = cls.__dict__.get("vjp")  # None: inherited (ops.Op runs backward on Tensors)
+    original = cls.vjp
+    cls.vjp = lambda self, g, out: tuple(
+        None if r is None else mutation(r) for r in original(self, g, out)
+    )
+    try:
+        check_example_twice(example)
+    except AssertionError:
+        return True
+    finally:
+        if own_vjp is None:
+            del cls.vjp
+        else:
+            cls.vjp = own_vjp
+    return False
+
+
+@pytest.mark.parametrize("mutation", sorted(SECOND_ORDER_MUTATIONS))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gradgradcheck_catches_a_wrong_double_backward(name, mutation):
+    case = CASES[name]
+
+    @settings(max_examples=50, derandomize=True, database=None, phases=[Phase.generate])
+    @given(case.strategy)
+    def search(example):
+        if caught_twice(example, SECOND_ORDER_MUTATIONS[mutation]):
             raise Caught
 
     with kernels.use_backend(case.backend), pytest.raises(Caught):

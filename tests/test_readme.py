@@ -7,6 +7,8 @@ import numpy as np
 
 import autograd
 from autograd import Function, Tensor
+from models.gpt import GPT, GPTConfig
+from models.tokenizer import BPETokenizer
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -15,7 +17,13 @@ def python_blocks():
     return re.findall(r"```python\n(.*?)```", README.read_text("utf-8"), flags=re.S)
 
 
-def test_readme_snippets_run_and_the_contributing_example_is_correct():
+def test_readme_snippets_run_and_the_contributing_example_is_correct(tmp_path, monkeypatch):
+    # The GPT-2 snippet loads "gpt2": a small model + tokenizer in GPT-2's file formats.
+    tok = BPETokenizer.from_pretrained(Path(__file__).parent / "fixtures" / "bpe")
+    config = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16)
+    GPT(config).save_pretrained(tmp_path / "gpt2")
+    tok.save(tmp_path / "gpt2")
+    monkeypatch.chdir(tmp_path)
     blocks = python_blocks()
     assert len(blocks) >= 2
     for block in blocks:
