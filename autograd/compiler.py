@@ -59,7 +59,7 @@ def _key(args: tuple) -> tuple:
 class CompiledStep:
     """A step function with one traced plan per argument signature (see the module docstring)."""
 
-    def __init__(self, step_fn: Callable, fusion: bool = True) -> None:
+    def __init__(self, step_fn: Callable, fusion: bool | str = True) -> None:
         self.step_fn = step_fn
         self.fusion = fusion
         self.plans: dict[tuple, Any] = {}
@@ -114,11 +114,13 @@ def _release_freed_memory() -> None:
         pass  # not glibc: nothing to do
 
 
-def compile(step_fn: Callable | None = None, *, fusion: bool = True) -> Any:
+def compile(step_fn: Callable | None = None, *, fusion: bool | str = True) -> Any:
     """Trace `step_fn` on its first call per argument signature and replay it afterwards.
 
     fusion=False keeps every op's own arithmetic (a replay then equals eager bit for bit);
-    fusion=True (default) also runs AdamW as one kernel over a flat parameter buffer.
+    fusion="exact" adds what keeps eager's arithmetic too: AdamW as one kernel over a flat
+    parameter buffer, products split over two threads (bit for bit with eager, measured);
+    fusion=True (default) also fuses self-attention (rounding differs from eager's kernel).
     Usable as `compile(fn)`, `@compile` or `@compile(fusion=False)`.
     """
     if step_fn is None:

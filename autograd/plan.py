@@ -77,7 +77,7 @@ def _result_values(result: Any, values: dict[int, Value]) -> list[Value]:
 class Plan:
     """Everything one argument signature replays (built once; see the module docstring)."""
 
-    def __init__(self, rec: Recorder, result: Any, fusion: bool) -> None:
+    def __init__(self, rec: Recorder, result: Any, fusion: bool | str) -> None:
         self.fusion = fusion
         self.values = sorted(rec.values.values(), key=lambda v: v.id)
         self.vals: list[Any] = [None] * len(self.values)
@@ -407,7 +407,8 @@ class Plan:
         head = (
             f"compiled step: {len(self.program)} replay steps; {self._lowered} ops lowered to "
             f"out= kernels, {self._generic} replaying their own forward; fusion "
-            f"{'on' if self.fusion else 'off'}; traced in {self.trace_s:.2f} s, planned in "
+            f"{ {True: 'on', False: 'off'}.get(self.fusion, self.fusion) }; traced in "
+            f"{self.trace_s:.2f} s, planned in "
             f"{self.plan_s:.2f} s"
         )
         arena = (

@@ -259,7 +259,9 @@ class CompiledTrainStep:
             optimizer.step()
             return loss, norm
 
-        self.step = autograd.compile(step)
+        # "exact": the fusions that keep eager's arithmetic, so that a resumed run (whose first
+        # step is the eager, traced one) continues with exactly the uninterrupted run's losses
+        self.step = autograd.compile(step, fusion="exact")
 
     def __call__(
         self, x: np.ndarray, y: np.ndarray, lr: float, stop: threading.Event | None = None
