@@ -9,7 +9,7 @@ runs the same step: forward, mean cross-entropy, backward, AdamW (lr 1e-4, weigh
 every parameter), gradients cleared. Printed: the step times after the warm-up, the step-0 loss,
 the warm-up (first call: tracing, JIT compilation) and the resident memory (VmRSS / VmHWM).
 
-Frameworks: glassgrad (autograd.compile, the default in models.train), glassgrad-eager,
+Frameworks: glassgrad (autograd.compile, default fusion), glassgrad-eager,
 glassgrad-torch-first (compiled, with torch imported before glassgrad), torch (eager),
 torch.compile, jax (jax.jit of the whole step).
 """
