@@ -12,10 +12,12 @@ array([[2., 2., 2.],
 
 from autograd import trace  # noqa: F401  (registers the tracer of backward(trace=True))
 from autograd.anomaly import AnomalyError, detect_anomaly
+from autograd.compiler import compile
 from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck, gradgradcheck
 from autograd.higher_order import grad, hessian, hvp, jvp, vjp
 from autograd.ops import concat, stack, where
 from autograd.origin import check_packages
+from autograd.recorder import TraceError
 from autograd.tensor import (
     Function,
     Tensor,
@@ -33,7 +35,9 @@ __all__ = [
     "GradcheckError",
     "GradcheckResult",
     "Tensor",
+    "TraceError",
     "check_packages",
+    "compile",
     "concat",
     "detect_anomaly",
     "enable_grad",

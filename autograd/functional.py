@@ -475,7 +475,11 @@ def relu(x: Tensor) -> Tensor:
 class Dropout(Op):
     # y = x * keep, keep = Bernoulli(1 - p) / (1 - p) (inverted: the mean is unchanged)
     # dx = g * keep
-    def forward(self, x, keep=None):
+    # The mask is drawn here, inside the op, so that a compiled step (autograd.compile), which
+    # replays the ops, draws a new one from the same rng stream each step.
+    def forward(self, x, p=0.5, rng=None):
+        scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+        keep = (rng.random(x.shape) >= p).astype(x.dtype) * x.dtype.type(scale)
         self.save_for_backward(keep)
         return x * keep
 
@@ -500,10 +504,7 @@ def dropout(
     x = _tensor(x)
     if not training or p == 0.0:
         return x
-    rng = _dropout_rng if rng is None else rng
-    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-    keep = (rng.random(x.shape) >= p).astype(x.dtype) * x.dtype.type(scale)
-    return Dropout.apply(x, keep=keep)
+    return Dropout.apply(x, p=p, rng=_dropout_rng if rng is None else rng)
 
 
 # --- attention (notes 7.4, 10.5-10.7) ---------------------------------------------------------

@@ -29,3 +29,7 @@ ACTIVE: list[Observer] = []
 
 # The factory of the observer `backward(trace=True)` uses; autograd/trace.py registers it.
 TRACER: Any = None
+
+# While autograd.compile traces a step: its recorder (autograd/recorder.py), told of every op,
+# every backward pass, every read of a tensor's value and every optimizer update; else None.
+RECORDER: Any = None

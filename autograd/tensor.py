@@ -136,6 +136,8 @@ class Function:
             observer.forward(fn, out_data, arrays)
         requires_grad = any(t._requires_grad for t in inputs) and is_grad_enabled()
         out = Tensor._make(out_data, requires_grad, _counter_of_viewed(out_data, inputs))
+        if hooks.RECORDER is not None:  # autograd.compile is tracing this call
+            hooks.RECORDER.op(fn, inputs, params, out)
         if requires_grad:
             fn.inputs = inputs
             fn.saved_versions = _saved_versions(fn.saved, inputs, out)
@@ -324,6 +326,8 @@ class Tensor:
         return self._data
 
     def item(self) -> float:
+        if hooks.RECORDER is not None:
+            hooks.RECORDER.read_value(self, "item()")
         if self._data.size != 1:
             raise ValueError(
                 f"item: tensor has shape {self.shape}; only a one-element tensor has an item"
@@ -331,6 +335,8 @@ class Tensor:
         return self._data.item()
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if hooks.RECORDER is not None:
+            hooks.RECORDER.read_value(self, "np.asarray()")
         return self._data if dtype is None else self._data.astype(dtype, copy=False)
 
     def detach(self) -> Tensor:
@@ -359,6 +365,8 @@ class Tensor:
         return id(self)
 
     def __bool__(self) -> bool:
+        if hooks.RECORDER is not None:
+            hooks.RECORDER.read_value(self, "bool()")
         return bool(self._data)
 
     # --- in-place changes: allowed only where no gradient can be corrupted --------------------
@@ -535,6 +543,9 @@ def run_backward(
     inputs: return the gradients of these tensors (None where none arrived) instead of
     accumulating into the leaves' .grad, running only the ops on a path to them (autograd.grad).
     """
+    recorder = hooks.RECORDER
+    if recorder is not None:  # autograd.compile records the order of the VJPs
+        observers = [*observers, recorder.backward(roots, retain_graph, create_graph, inputs)]
     pending: dict[int, Any] = {}  # gradients waiting for their tensor
     for root, seed in zip(roots, seeds, strict=True):
         key = id(root)
@@ -573,6 +584,8 @@ def run_backward(
             pending[key] = pending[key] + parent_grad if key in pending else parent_grad
         if not retain_graph:
             fn.release()
+    if recorder is not None:
+        recorder.backward_done()
     return None if inputs is None else [found.get(id(t)) for t in inputs]
 
 

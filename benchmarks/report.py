@@ -25,41 +25,7 @@ def _tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str
     tables = []
     suites = results["suites"]
     if "train" in suites:
-        rows = []
-        for r in suites["train"]:
-            v = r["variants"]
-            rows.append(
-                [
-                    f"{r['name']} {r['params']['config']}",
-                    _ms(v["numba"]),
-                    _ms(v["numpy"]),
-                    _ms(v.get("torch")),
-                    _num(r["ratios"].get("vs_torch"), ".2f"),
-                    _num(r["ratios"]["speedup_vs_numpy"], ".2f", "x"),
-                    f"{v['numba']['tokens_per_s']:.0f}",
-                    f"{v['numba']['gflops']:.1f}",
-                    f"{100 * v['numba']['frac_of_sgemm_peak']:.0f} %",
-                    _num(v.get("torch", {}).get("gflops"), ".1f"),
-                    f"{v['numba']['peak_mb']:.0f} / "
-                    + _num(v.get("torch", {}).get("peak_mb"), ".0f"),
-                    f"{v['numba']['warmup_s']:.2f}",
-                ]
-            )
-        headers = [
-            "config",
-            "glassgrad ms/step",
-            "numpy-ref ms/step",
-            "torch ms/step",
-            "glassgrad/torch",
-            "vs numpy-ref",
-            "tokens/s",
-            "GFLOP/s",
-            "of sgemm peak",
-            "torch GFLOP/s",
-            "peak MiB gg / torch",
-            "warm-up s",
-        ]
-        tables.append(("Training step (forward, loss, backward, AdamW, zero_grad)", headers, rows))
+        tables.append(_train_table(suites["train"]))
     if "generate" in suites:
         rows = []
         for r in suites["generate"]:
@@ -157,6 +123,49 @@ def _tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str
     return tables
 
 
+# The train table's variant columns, in order (those that ran are shown).
+TRAIN_COLUMNS = (
+    "glassgrad",
+    "glassgrad eager",
+    "glassgrad, torch imported first",
+    "torch",
+    "torch.compile",
+    "jax",
+    "glassgrad eager, in-process",
+)
+
+
+def _train_table(records: list[dict[str, Any]]) -> tuple[str, list[str], list[list[str]]]:
+    present = [c for c in TRAIN_COLUMNS if any(c in r["variants"] for r in records)]
+    rows = []
+    for r in records:
+        v = r["variants"]
+        gg, torch = v["glassgrad"], v.get("torch")
+        row = [f"{r['name']} {r['params']['config']}"]
+        row += [_ms(v.get(c)) for c in present]
+        row += [
+            _num(r["ratios"].get("vs_torch"), ".2f"),
+            f"{gg['gflops']:.1f} ({100 * gg['frac_of_sgemm_peak']:.0f} %)",
+            f"{gg['peak_mb']:.0f} / " + _num(torch["peak_mb"] if torch else None, ".0f"),
+            " / ".join(_num(v[c].get("loss0"), ".4f") for c in present if "loss0" in v[c]),
+            f"{gg['warmup_s']:.2f}",
+        ]
+        rows.append(row)
+    headers = ["config"] + [f"{c} ms" for c in present]
+    headers += [
+        "glassgrad/torch",
+        "glassgrad GFLOP/s (of sgemm peak)",
+        "peak MiB gg / torch",
+        "step-0 loss (same order)",
+        "glassgrad first step s",
+    ]
+    title = (
+        "Training step (forward, loss, backward, AdamW, zero_grad); each framework in fresh "
+        "processes of its own, alternating"
+    )
+    return title, headers, rows
+
+
 def _header_lines(results: dict[str, Any]) -> list[str]:
     env = results["environment"]
     blas = "; ".join(
@@ -193,7 +202,14 @@ def _header_lines(results: dict[str, Any]) -> list[str]:
 def _notes() -> list[str]:
     return [
         f"FLOPs: {FLOPS_FORMULA}.",
-        f"Peak memory: {MEMORY_METHOD}, one extra call per variant.",
+        f"Peak memory: {MEMORY_METHOD}, one extra call per variant; in the training table "
+        "(fresh processes): the process's peak RSS (VmHWM) minus its RSS after the imports, i.e. "
+        "the model, optimizer state, activations / arena and JIT code, median over the rounds.",
+        "Training step: each framework runs in fresh processes of its own (benchmarks/"
+        "train_worker.py), alternating, 3 rounds of 3 warm-up + 10 timed steps; the median is "
+        "over all timed steps, the range over the rounds' medians. glassgrad is the compiled "
+        "step (autograd.compile, as models.train runs it); 'in-process' is the eager step timed "
+        "inside the runner itself (a warm heap), kept for comparison.",
         "glassgrad/torch < 1 means glassgrad is faster; vs numpy-ref = numpy-reference time / "
         "Numba time.",
         "Compile / cached load: first call minus second call of each Numba kernel in a fresh "
@@ -277,8 +293,12 @@ def write_plot(results: dict[str, Any], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     suites = results["suites"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     gen = suites.get("generate", [])
+    if gen and suites.get("train"):
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    else:  # one panel for the one suite that ran
+        fig, axis = plt.subplots(1, 1, figsize=(7, 4.5))
+        left = right = axis
     if gen:
         contexts = [r["params"]["context"] for r in gen]
         for variant in gen[0]["variants"]:
@@ -298,14 +318,14 @@ def write_plot(results: dict[str, Any], path: str | Path) -> None:
     train = suites.get("train", [])
     if train:
         names = [r["name"] for r in train]
-        variants = [v for v in ("numba", "numpy", "torch") if v in train[0]["variants"]]
+        variants = [v for v in TRAIN_COLUMNS if v in train[0]["variants"]]
         width = 0.8 / len(variants)
         for i, variant in enumerate(variants):
             right.bar(
                 [j + i * width for j in range(len(names))],
                 [r["variants"][variant]["median_ms"] for r in train],
                 width,
-                label={"numba": "glassgrad", "numpy": "numpy-ref", "torch": "torch"}[variant],
+                label=variant,
             )
         right.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(names))], names)
         right.set_yscale("log")

@@ -68,7 +68,15 @@ def run_benchmarks(
     started = time.perf_counter()
     log("measuring the sgemm peak")
     sgemm = system.sgemm_peak(n=512 if quick else 2048, reps=5 if quick else 10)
-    ctx = suites.Context(reps=reps, quick=quick, torch=torch, sgemm_gflops=sgemm["gflops"], log=log)
+    ctx = suites.Context(
+        reps=reps,
+        quick=quick,
+        torch=torch,
+        sgemm_gflops=sgemm["gflops"],
+        log=log,
+        threads=threads,
+        use_torch=use_torch,
+    )
     results: dict[str, Any] = {
         "environment": system.environment(reexec_from),
         "quick": quick,
@@ -84,15 +92,23 @@ def run_benchmarks(
         suite_start = time.perf_counter()
         results["suites"][name] = SUITES[name](ctx, configs)
         log(f"suite {name}: {time.perf_counter() - suite_start:.1f} s")
-    if use_torch and not torch_only and system.torch_installed():
+    if names_for_torch(suite_names) and use_torch and not torch_only and system.torch_installed():
         log("PyTorch variants, in a separate process")
-        names = [n for n in suite_names if n not in ("ddp", "tokenizer")]
+        names = [n for n in names_for_torch(suite_names) if n != "tokenizer"]
         merge_torch(results, _torch_process(names, configs, quick, reps, threads))
     records = [r for rs in results["suites"].values() for r in rs]
+    if any("torch" in r["variants"] for r in results["suites"].get("train", [])):
+        results["torch_used"] = True
     results["targets"] = suites.summarize_targets(records)
     results["total_s"] = time.perf_counter() - started
     results["environment"]["load_average_1min_at_end"] = system.load_average()
     return results
+
+
+def names_for_torch(suite_names: list[str]) -> list[str]:
+    """The suites whose PyTorch variants the torch process times: ddp has none, and train starts
+    its own fresh torch processes (suites.train_suite)."""
+    return [n for n in suite_names if n not in ("ddp", "train")]
 
 
 def _torch_process(

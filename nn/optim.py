@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from autograd import Tensor, no_grad
+from autograd import Tensor, hooks, no_grad
 
 
 class Optimizer:
@@ -55,12 +55,20 @@ class Optimizer:
         self.param_groups.append({**self.defaults, **group, "params": params})
 
     def zero_grad(self) -> None:
+        if hooks.RECORDER is not None:  # autograd.compile: replayed as part of the step
+            hooks.RECORDER.call("zero_grad", self._clear_grads)
+        else:
+            self._clear_grads()
+
+    def _clear_grads(self) -> None:
         for group in self.param_groups:
             for p in group["params"]:
                 p.grad = None
 
     def step(self) -> None:
         """Update every parameter that received a gradient."""
+        if hooks.RECORDER is not None:  # autograd.compile: replayed (or fused) with the step
+            hooks.RECORDER.optimizer_step(self)
         with no_grad():
             for group in self.param_groups:
                 for p in group["params"]:
@@ -236,6 +244,13 @@ def clip_grad_norm_(params: Iterable[Tensor], max_norm: float) -> float:
     Returns the norm before clipping. A non-finite norm is returned with the gradients left
     unchanged, so the caller can see it and skip the step.
     """
+    params = list(params)
+    if hooks.RECORDER is not None:  # autograd.compile: re-run on the replay's gradients
+        return hooks.RECORDER.call("clip_grad_norm_", _clip_grad_norm, params, max_norm)
+    return _clip_grad_norm(params, max_norm)
+
+
+def _clip_grad_norm(params: list[Tensor], max_norm: float) -> float:
     grads = [p.grad for p in params if p.grad is not None]
     total = math.sqrt(sum(float(np.vdot(g, g)) for g in grads))
     if math.isfinite(total) and total > max_norm:

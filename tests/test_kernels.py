@@ -2,6 +2,7 @@
 backwards by central differences, backend dispatch, error messages, and the attention memory bound.
 """
 
+import ctypes.util
 import json
 import os
 import subprocess
@@ -375,6 +376,41 @@ def test_start_threads_leaves_the_environment_as_it_was():
     assert policy is None and layer in ("omp", "tbb", "workqueue")
     out = run_python(code, OMP_WAIT_POLICY="ACTIVE")  # a user's choice is kept
     assert json.loads(out.stdout)[0] == "ACTIVE", out.stderr
+
+
+def test_threads_sleep_when_another_openmp_runtime_was_loaded_first():
+    # torch imported first brings its own libgomp, set up without the passive wait policy:
+    # Numba must not run its loops on it (they would spin), so start_threads picks the workqueue
+    # layer. The system libgomp, loaded by hand, stands in for torch's.
+    if ctypes.util.find_library("gomp") is None:
+        pytest.skip("no libgomp on this system")
+    code = """
+        import ctypes, ctypes.util, json, sys
+        if sys.argv[1] == "first":
+            ctypes.CDLL(ctypes.util.find_library("gomp"))
+        import numba
+        import autograd.kernels as K
+        before = K._common.openmp_already_loaded()
+        K.start_threads()
+        print(json.dumps([before, numba.threading_layer()]))
+    """
+    for order, expected in (("first", [True, "workqueue"]), ("none", [False, "omp"])):
+        out = run_python(code, order, NUMBA_THREADING_LAYER=None)
+        assert out.returncode == 0, out.stderr
+        before, layer = json.loads(out.stdout)
+        assert before == expected[0]
+        if expected[0]:
+            assert layer == "workqueue"
+        else:
+            assert layer != "workqueue" or not _omp_layer_available()
+
+
+def _omp_layer_available() -> bool:
+    try:
+        import numba.np.ufunc.omppool  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------

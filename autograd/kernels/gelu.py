@@ -74,30 +74,39 @@ def gelu_backward_numpy(gy, x, t):
 
 
 @Kernel
-def _gelu_values(x, y, t):
+def _gelu_values(x, y, t, s, a_s):
+    # s = sqrt(2/pi) and a_s = 0.044715 s come in x's dtype: float32 input is computed in float32
+    one, two, half = x.dtype.type(1.0), x.dtype.type(2.0), x.dtype.type(0.5)
     for i in prange(x.size):
         xi = x[i]
-        u = xi * (S + (A * S) * xi * xi)
-        z = exp(-2.0 * abs(u))
-        th = (1.0 - z) / (1.0 + z)
+        u = xi * (s + a_s * xi * xi)
+        z = exp(-two * abs(u))
+        th = (one - z) / (one + z)
         th = -th if u < 0 else th
         t[i] = th
-        y[i] = 0.5 * xi * (1.0 + th)
+        y[i] = half * xi * (one + th)
 
 
 @Kernel
-def _gelu_grads(gy, x, t, gx):
+def _gelu_grads(gy, x, t, gx, s, a3_s):
+    one, half = x.dtype.type(1.0), x.dtype.type(0.5)
     for i in prange(x.size):
         xi, ti = x[i], t[i]
-        du = S + (3.0 * A * S) * xi * xi
-        gx[i] = gy[i] * (0.5 * (1.0 + ti) + 0.5 * xi * (1.0 - ti * ti) * du)
+        du = s + a3_s * xi * xi
+        gx[i] = gy[i] * (half * (one + ti) + half * xi * (one - ti * ti) * du)
+
+
+def constants(dtype):
+    """(s, 0.044715 s, 3 * 0.044715 s) in `dtype`, the kernels' arguments."""
+    return dtype.type(S), dtype.type(A * S), dtype.type(3.0 * A * S)
 
 
 def gelu_forward_numba(x):
     """Numba GELU forward; same contract as gelu_forward_numpy."""
     x = float_array(x, "gelu_forward", "x")
     y, t = np.empty_like(x), np.empty_like(x)
-    _gelu_values(x.size, x.reshape(-1), y.reshape(-1), t.reshape(-1))
+    s, a_s, _ = constants(x.dtype)
+    _gelu_values(x.size, x.reshape(-1), y.reshape(-1), t.reshape(-1), s, a_s)
     return y, t
 
 
@@ -105,5 +114,6 @@ def gelu_backward_numba(gy, x, t):
     """Numba GELU backward; same contract as gelu_backward_numpy."""
     gy, x, t = _check_backward(gy, x, t)
     gx = np.empty_like(x)
-    _gelu_grads(x.size, gy.reshape(-1), x.reshape(-1), t.reshape(-1), gx.reshape(-1))
+    s, _, a3_s = constants(x.dtype)
+    _gelu_grads(x.size, gy.reshape(-1), x.reshape(-1), t.reshape(-1), gx.reshape(-1), s, a3_s)
     return gx

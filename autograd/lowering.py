@@ -1,0 +1,566 @@
+"""How a compiled step runs the ops it knows: into arena buffers, with `out=` (autograd/plan.py).
+
+Each lowering is the op's own arithmetic (the same numpy calls or the same Numba kernel loops as
+autograd/ops.py, autograd/functional.py and autograd/kernels), only writing into buffers planned
+once, so a replay without fusion equals eager bit for bit. An op without a lowering here replays
+its own forward / VJP. `forward(plan, node, position)` and `backward(...)` return
+(closure, note) or (None, None) for "not lowered".
+
+Fusion (on by default): AdamW / Adam as one Numba loop over a flat parameter buffer, with the
+gradients written straight into the matching flat gradient buffer (`fused_optimizer`). Its
+arithmetic is eager AdamW's, operation for operation in the parameter dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from autograd import functional as F
+from autograd import kernels, ops
+
+Lowered = tuple[Callable[[], None] | None, str | None]
+
+_VIEWS = (ops.Reshape, ops.Transpose, ops.GetItem)
+
+
+def _basic_view(node: Any) -> bool:
+    """Reshape / Transpose / basic indexing whose traced output viewed its input (no copy)."""
+    fn = node.fn
+    if not isinstance(fn, _VIEWS) or node.view_of is None or node.view_of is not node.inputs[0]:
+        return False
+    return not isinstance(fn, ops.GetItem) or ops._is_basic_index(node.params.get("index"))
+
+
+def view_input(node: Any) -> Any:
+    """The input whose buffer a lowered view op's output shares (None if not a view)."""
+    return node.inputs[0] if _basic_view(node) else None
+
+
+def _numba() -> bool:
+    return kernels.get_backend() == "numba"
+
+
+def saved_for_backward(plan: Any, node: Any) -> list[Any]:
+    """The values of the forward that node's backward reads: a lowered backward reads only what
+    its formula needs (an add reads nothing, a linear its input), so the others can die early;
+    an op that replays its own VJP may read any input or its output (fn.saved)."""
+    fn = node.fn
+    if _basic_view(node) or isinstance(fn, (ops.Add, F.Embedding)):
+        return []
+    if isinstance(fn, ops.Reshape) and node.view_of is None:  # a copying reshape
+        return []
+    if isinstance(fn, (F.Linear, F.LayerNorm, F.Gelu)) and (
+        type(fn) not in _NEEDS_NUMBA or _numba()
+    ):
+        return list(node.inputs)
+    if isinstance(fn, F.Attention) and _numba() and _fused_attention(plan, node):
+        return list(node.inputs)  # q, k, v (and the kept P), not the output
+    return [*node.inputs, node.out]
+
+
+# --- products on two threads ---------------------------------------------------------------------
+# With fusion on and a BLAS allowed >= 2 threads, a replay runs BLAS single-threaded and splits
+# each large product in two halves itself: one on a pool thread, one on the caller. OpenBLAS's own
+# threads spin after each call, and on a busy machine a spinning thread steals the core the other
+# one needs (a (2048, 128) @ (128, 512) product: median 10.0 ms with 2 BLAS threads, 2.6 ms split,
+# load average 2.7); the pool thread sleeps on a queue instead.
+SPLIT_MIN_WORK = 1 << 22  # multiply-adds below which a product runs whole (a split costs ~30 us)
+_POOL: list[Any] = []
+
+
+def _pool() -> Any:
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(1, thread_name_prefix="glassgrad-matmul"))
+    return _POOL[0]
+
+
+def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """np.matmul(a, b, out=out) as two halves on two threads (rows, columns or batch)."""
+    if out.size * a.shape[-1] < SPLIT_MIN_WORK:
+        np.matmul(a, b, out=out)
+        return
+    if out.ndim > 2:  # batched over heads: split the leading axis
+        h = out.shape[0] // 2
+        parts = ((a[:h], b[:h], out[:h]), (a[h:], b[h:], out[h:]))
+    elif out.shape[0] >= out.shape[1]:  # rows
+        h = out.shape[0] // 2
+        parts = ((a[:h], b, out[:h]), (a[h:], b, out[h:]))
+    else:  # columns
+        h = out.shape[1] // 2
+        parts = ((a, b[:, :h], out[:, :h]), (a, b[:, h:], out[:, h:]))
+    (a1, b1, o1), (a2, b2, o2) = parts
+    other = _pool().submit(np.matmul, a1, b1, out=o1)
+    np.matmul(a2, b2, out=o2)
+    other.result()
+
+
+# --- forward ------------------------------------------------------------------------------------
+
+
+def forward(plan: Any, node: Any, position: int) -> Lowered:
+    fn = node.fn
+    if _basic_view(node):
+        return _view_forward(plan, node)
+    lower = _FORWARD.get(type(fn))
+    if lower is None or (type(fn) in _NEEDS_NUMBA and not _numba()):
+        return None, None
+    accepts = _ACCEPTS.get(type(fn))
+    if accepts is not None and not accepts(plan, node):
+        return None, None
+    out = plan.buffer(node.out, position)
+    plan.vals[node.out.id] = out
+    return lower(plan, node, out)
+
+
+def _view_forward(plan: Any, node: Any) -> Lowered:
+    # The view is made once, at plan time: its input buffer never moves.
+    vals, i, fn = plan.vals, node.inputs[0].id, node.fn
+    vals[node.out.id] = fn.forward(vals[i], **node.params)
+    return (lambda: None), "view of its input's buffer (made once)"
+
+
+def _linear_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    vals, matmul = plan.vals, plan.matmul
+    ids = [v.id for v in node.inputs]
+    out2 = out.reshape(-1, out.shape[-1])
+
+    def run() -> None:
+        x = vals[ids[0]]
+        matmul(x.reshape(-1, x.shape[-1]), vals[ids[1]], out2)
+        if len(ids) == 3:
+            np.add(out2, vals[ids[2]], out=out2)
+
+    return run, "np.matmul(out=)" + (" + bias in place" if len(ids) == 3 else "")
+
+
+def _reshape_copy_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    # A reshape that numpy had to copy (its input was a transposed view): the same C-order copy
+    vals, x = plan.vals, node.inputs[0]
+    target = out.reshape(x.shape)
+    return (lambda: np.copyto(target, vals[x.id])), "copy into out (a reshape of a strided view)"
+
+
+def _add_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    vals, (a, b) = plan.vals, (v.id for v in node.inputs)
+    return (lambda: np.add(vals[a], vals[b], out=out)), "np.add(out=)"
+
+
+def _embedding_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    vals, w = plan.vals, node.inputs[0].id
+    idx = plan.param(node, "idx")
+    return (lambda: np.take(vals[w], idx, axis=0, out=out)), "np.take(out=)"
+
+
+def _layer_norm_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    from autograd.kernels import layernorm
+
+    vals, (x, w, b) = plan.vals, (v.id for v in node.inputs)
+    eps = float(node.params.get("eps", 1e-5))
+    c = out.shape[-1]
+    rows = out.size // c
+    mean, rstd = np.empty(rows, np.float64), np.empty(rows, np.float64)
+    node.stats = (mean, rstd)  # read by the backward
+    out2 = out.reshape(rows, c)
+
+    def run() -> None:
+        layernorm._layer_norm_rows(
+            out.size, vals[x].reshape(rows, c), vals[w], vals[b], eps, out2, mean, rstd
+        )
+
+    return run, "Numba kernel into out, mean/rstd kept"
+
+
+def _gelu_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    from autograd.kernels import gelu
+
+    # tanh(u) goes to a scratch buffer: the backward recomputes it from x (one more pass, but
+    # no (B, T, 4C) array kept per layer between the forward and the backward)
+    vals, x = plan.vals, node.inputs[0].id
+    t = plan.arena.take(out.shape, out.dtype)
+    plan.release_at.setdefault(plan.pos_f[id(node)], []).append(t)
+    flat_out, flat_t = out.reshape(-1), t.reshape(-1)
+    s, a_s, _ = gelu.constants(out.dtype)
+    return (
+        lambda: gelu._gelu_values(out.size, vals[x].reshape(-1), flat_out, flat_t, s, a_s)
+    ), "Numba kernel into out"
+
+
+def _fused_attention(plan: Any, node: Any) -> bool:
+    """Self-attention (Tq = Tk, Dv = D) with fusion on: run by _attention_forward."""
+    q, k, v = node.inputs
+    return plan.fusion and q.shape == k.shape == v.shape
+
+
+def _attention_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+    # Fusion (not eager's blocked kernel): S = q k^T for all key positions, P = softmax(S scale)
+    # in place (causal: the future set to 0) kept for the backward, o = P v. Batched np.matmul
+    # over the heads on the strided q/k/v views of the qkv projection: no copies of q, k, v.
+    from autograd.kernels import attention
+
+    vals, (q, k, v), matmul = plan.vals, (x.id for x in node.inputs), plan.matmul
+    causal = bool(node.params.get("causal", True))
+    B, H, T, D = out.shape
+    probs = plan.arena.take((B, H, T, T), out.dtype)
+    position = plan.pos_f[id(node)]
+    plan._release_after(probs, plan.pos_b.get(id(node), position))
+    lse = np.empty((B * H, T), out.dtype)
+    heads = probs.reshape(B * H, T, T)
+    scale = attention._scale(out)
+    node.stats = (probs, scale)
+
+    def run() -> None:
+        matmul(vals[q], vals[k].swapaxes(-1, -2), probs)
+        attention._probs_forward(probs.size, heads, scale, causal, 0, lse, 0)
+        matmul(probs, vals[v], out)
+
+    return run, "fused: q k^T, softmax in place (kept), P v; no copies of q, k, v"
+
+
+_ACCEPTS = {
+    F.Attention: _fused_attention,
+    F.Gelu: lambda plan, node: node.params.get("approximate", "tanh") == "tanh",
+}
+
+_FORWARD = {
+    F.Attention: _attention_forward,
+    ops.Reshape: _reshape_copy_forward,
+    F.Linear: _linear_forward,
+    ops.Add: _add_forward,
+    F.Embedding: _embedding_forward,
+    F.LayerNorm: _layer_norm_forward,
+    F.Gelu: _gelu_forward,
+}
+_NEEDS_NUMBA = {F.LayerNorm, F.Gelu, F.Attention}
+
+
+# --- backward -----------------------------------------------------------------------------------
+
+
+def backward(plan: Any, node: Any, position: int) -> Lowered:
+    fn = node.fn
+    if _basic_view(node):
+        lower = _view_backward
+    else:
+        lower = _BACKWARD.get(type(fn))
+        if lower is None or not plan.lowered_forward(node):
+            return None, None
+    return lower(plan, node, position)
+
+
+def _then(*posts: Any) -> Callable[[], None]:
+    posts = tuple(p for p in posts if p is not None)
+    return lambda: [p() for p in posts]
+
+
+def _view_backward(plan: Any, node: Any, position: int) -> Lowered:
+    x = node.inputs[0]
+    if not x.requires_grad:
+        return (lambda: None), "no gradient needed"
+    if node.out.id in plan.aliased:
+        plan.has_grad.add(x.id)  # complete once every view's consumers have written theirs
+        return (lambda: None), "nothing to do: its gradient is a view of its input's"
+    g = plan.grads[node.out.id]
+    fn = node.fn
+    if isinstance(fn, ops.GetItem):
+        index = node.params["index"]
+        first = x.id not in plan.has_grad
+        gx = plan.grad_buffer(x, position)
+
+        def run_index() -> None:
+            if first:
+                gx.fill(0)
+                gx[index] = g
+            else:
+                gx[index] += g
+
+        return run_index, "scatter into the input's gradient"
+    target = plan.grad_target(x, x.shape, position)
+    if isinstance(fn, ops.Reshape):
+        return (lambda: target(g.reshape(x.shape))), "reshape into the input's gradient"
+    inverse = tuple(np.argsort(fn.saved[0] if fn.saved else node.params["axes"]))
+    return (lambda: target(np.transpose(g, inverse))), "transpose into the input's gradient"
+
+
+def _linear_backward(plan: Any, node: Any, position: int) -> Lowered:
+    vals, g, matmul = plan.vals, plan.grads[node.out.id], plan.matmul
+    x, w = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) == 3 else None
+    g2 = g.reshape(-1, g.shape[-1])
+    n = g2.shape[0]
+    steps = []
+    if x.requires_grad:
+        gx, post = plan.contribution(x, (n, x.shape[-1]), position)
+        steps.append((lambda gx=gx: matmul(g2, vals[w.id].T, gx), post))
+    if w.requires_grad:
+        gw, post = plan.contribution(w, w.shape, position)
+        xid = x.id
+
+        def weight(gw=gw) -> None:
+            xv = vals[xid]
+            matmul(xv.reshape(-1, xv.shape[-1]).T, g2, gw)
+
+        steps.append((weight, post))
+    if bias is not None and bias.requires_grad:
+        gb, post = plan.contribution(bias, bias.shape, position)
+        steps.append((lambda gb=gb: np.sum(g2, axis=0, out=gb), post))
+
+    def run() -> None:
+        for step, post in steps:
+            step()
+            if post is not None:
+                post()
+
+    return run, "np.matmul(out=) into the gradient buffers"
+
+
+def _reshape_copy_backward(plan: Any, node: Any, position: int) -> Lowered:
+    x = node.inputs[0]
+    if not x.requires_grad:
+        return (lambda: None), "no gradient needed"
+    g = plan.grads[node.out.id]
+    target = plan.grad_target(x, x.shape, position)
+    return (lambda: target(g.reshape(x.shape))), "copy into the input's gradient"
+
+
+def _add_backward(plan: Any, node: Any, position: int) -> Lowered:
+    g = plan.grads[node.out.id]
+    targets = []
+    for v in node.inputs:
+        if not v.requires_grad:
+            continue
+        target = plan.grad_target(v, v.shape, position)
+        if v.shape == g.shape:
+            targets.append((target, None))
+        else:  # numpy broadcasting: summed back to v's shape, as autograd.tensor.unbroadcast
+            targets.append((target, v.shape))
+
+    def run() -> None:
+        for target, shape in targets:
+            target(g if shape is None else ops.unbroadcast(g, shape))
+
+    return run, "gradient copied / added into the inputs' buffers"
+
+
+def _embedding_backward(plan: Any, node: Any, position: int) -> Lowered:
+    w = node.inputs[0]
+    if not w.requires_grad:
+        return (lambda: None), "no gradient needed"
+    g = plan.grads[node.out.id]
+    idx = plan.param(node, "idx")
+    target = plan.grad_target(w, w.shape, position)
+    return (lambda: target(kernels.embedding_backward(idx, g, w.shape[0]))), "kernel, then added"
+
+
+def _layer_norm_backward(plan: Any, node: Any, position: int) -> Lowered:
+    from autograd.kernels import layernorm
+
+    vals, g = plan.vals, plan.grads[node.out.id]
+    x, w, b = node.inputs
+    mean, rstd = node.stats
+    c = g.shape[-1]
+    rows = g.size // c
+    chunks = min(layernorm.GRAD_CHUNKS, rows)
+    gw_part, gb_part = np.zeros((chunks, c)), np.zeros((chunks, c))
+    gw64, gb64 = np.empty(c), np.empty(c)
+    gx, post_x = plan.contribution(x, (rows, c), position)
+    gw, post_w = plan.contribution(w, (c,), position)
+    gb, post_b = plan.contribution(b, (c,), position)
+    g2 = g.reshape(rows, c)
+    post = _then(post_x, post_w, post_b)
+
+    def run() -> None:
+        gw_part.fill(0)
+        gb_part.fill(0)
+        xv = vals[x.id].reshape(rows, c)
+        layernorm._layer_norm_backward_chunks(
+            g.size, g2, xv, vals[w.id], mean, rstd, gx, gw_part, gb_part
+        )
+        np.copyto(gw, np.sum(gw_part, axis=0, out=gw64), casting="same_kind")
+        np.copyto(gb, np.sum(gb_part, axis=0, out=gb64), casting="same_kind")
+        post()
+
+    return run, "Numba kernel into the gradient buffers"
+
+
+def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
+    from autograd.kernels import gelu
+
+    vals, g, x = plan.vals, plan.grads[node.out.id], node.inputs[0]
+    # scratch for the recomputed forward (by now the GELU output is dead: the buffers it and
+    # its product's backward used are back in the pool)
+    y, t = plan.arena.take((g.size,), g.dtype), plan.arena.take((g.size,), g.dtype)
+    plan.release_at.setdefault(position, []).extend([y, t])
+    gx, post = plan.contribution(x, (g.size,), position)
+    g1 = g.reshape(-1)
+    s, a_s, a3_s = gelu.constants(g.dtype)
+
+    def run() -> None:
+        x1 = vals[x.id].reshape(-1)
+        gelu._gelu_values(g.size, x1, y, t, s, a_s)  # tanh(u) again, as the forward made it
+        gelu._gelu_grads(g.size, g1, x1, t, gx, s, a3_s)
+        if post is not None:
+            post()
+
+    return run, "recomputes tanh(u), then the Numba kernel into the gradient buffer"
+
+
+def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
+    # gv = P^T g;  dS = P (dP - rowsum(P dP)), dP = g v^T;  gq = dS k scale;  gk = dS^T q scale
+    from autograd.kernels import softmax
+
+    vals, g, matmul = plan.vals, plan.grads[node.out.id], plan.matmul
+    q, k, v = node.inputs
+    probs, scale = node.stats
+    dp = plan.arena.take(probs.shape, probs.dtype)
+    plan.release_at.setdefault(position, []).append(dp)
+    rows = probs.size // probs.shape[-1]
+    p2, dp2 = probs.reshape(rows, -1), dp.reshape(rows, -1)
+    steps = []
+    if v.requires_grad:
+        gv, post = plan.contribution(v, v.shape, position)
+        steps.append((lambda: matmul(probs.swapaxes(-1, -2), g, gv), post))
+    if q.requires_grad:
+        gq, post = plan.contribution(q, q.shape, position)
+
+        def query() -> None:
+            matmul(dp, vals[k.id], gq)
+            np.multiply(gq, scale, out=gq)
+
+        steps.append((query, post))
+    if k.requires_grad:
+        gk, post = plan.contribution(k, k.shape, position)
+
+        def key() -> None:
+            matmul(dp.swapaxes(-1, -2), vals[q.id], gk)
+            np.multiply(gk, scale, out=gk)
+
+        steps.append((key, post))
+
+    def run() -> None:
+        matmul(g, vals[v.id].swapaxes(-1, -2), dp)
+        softmax._softmax_backward_rows(dp.size, p2, dp2, dp2)  # in place: dS / scale
+        for step, post in steps:
+            step()
+            if post is not None:
+                post()
+
+    return run, "fused: from the kept P, five batched products, one Numba pass"
+
+
+_BACKWARD = {
+    F.Attention: _attention_backward,
+    ops.Reshape: _reshape_copy_backward,
+    F.Linear: _linear_backward,
+    ops.Add: _add_backward,
+    F.Embedding: _embedding_backward,
+    F.LayerNorm: _layer_norm_backward,
+    F.Gelu: _gelu_backward,
+}
+
+
+# --- fusion: the optimizer over one flat buffer -----------------------------------------------
+
+
+def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[], None] | None:
+    """AdamW / Adam as one loop per parameter group over flat buffers, or None (not fusable:
+    then the optimizer's own step() is replayed). Called before the program is built: the
+    parameters move into the flat buffer and their gradient buffers are views of the flat one,
+    so that the backward writes the gradients where the update reads them."""
+    from nn.optim import Adam  # nn sits above autograd; imported only when a step is planned
+
+    if type(optimizer).__name__ not in ("Adam", "AdamW") or not isinstance(optimizer, Adam):
+        return None
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    leaf_of = {id(v.tensor): v for v in plan.leaves}
+    if any(id(p) not in leaf_of or leaf_of[id(p)].id not in with_grad for p in params):
+        return None  # a parameter without a gradient this step: eager skips it; keep eager
+    dtypes = {p.dtype for p in params}
+    steps = {optimizer.state.get(p, {}).get("step", 0) for p in params}
+    if len(dtypes) != 1 or len(steps) != 1:
+        return None
+    dtype = dtypes.pop()
+    total = sum(p.size for p in params)
+    flat = {name: np.zeros(total, dtype) for name in ("param", "grad", "exp_avg", "exp_avg_sq")}
+    offset, ranges = 0, []
+    for group in optimizer.param_groups:
+        start = offset
+        for p in group["params"]:
+            view = lambda name, o=offset, p=p: flat[name][o : o + p.size].reshape(p.shape)
+            np.copyto(view("param"), p.data)
+            p.data = view("param")  # the parameter now lives in the flat buffer
+            plan.vals[leaf_of[id(p)].id] = p.data
+            plan.grads[leaf_of[id(p)].id] = view("grad")
+            if p.grad is not None:  # the traced call's gradient, moved as well
+                np.copyto(view("grad"), p.grad)
+                p.grad = view("grad")
+            state = optimizer.state.setdefault(p, {})
+            for name in ("exp_avg", "exp_avg_sq"):
+                if name in state:
+                    np.copyto(view(name), state[name])
+                state[name] = view(name)
+            state.setdefault("step", 0)
+            offset += p.size
+        ranges.append((group, slice(start, offset)))
+    kernel = _adam_kernel()
+    decoupled = optimizer.decoupled
+    step_count = [steps.pop()]
+    s = dtype.type
+
+    def run() -> None:
+        step_count[0] += 1
+        t = step_count[0]
+        for group, where in ranges:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            kernel(
+                flat["param"][where],
+                flat["grad"][where],
+                flat["exp_avg"][where],
+                flat["exp_avg_sq"][where],
+                s(1.0 - lr * wd if decoupled else 1.0),
+                s(0.0 if decoupled else wd),
+                s(b1),
+                s(1.0 - b1),
+                s(b2),
+                s(1.0 - b2),
+                s(np.sqrt(1.0 - b2**t)),
+                s(eps),
+                s(lr / (1.0 - b1**t)),
+            )
+        for p in params:
+            optimizer.state[p]["step"] = t
+
+    run.note = (
+        f"{type(optimizer).__name__} fused: one Numba loop over a flat buffer of "
+        f"{len(params)} parameters ({total:,} values), {len(ranges)} group(s)"
+    )
+    return run
+
+
+_ADAM = None
+
+
+def _adam_kernel() -> Any:
+    """Eager Adam(W)'s arithmetic for one element, each operation rounded in the dtype."""
+    global _ADAM
+    if _ADAM is None:
+        import numba
+
+        @numba.njit(parallel=True, cache=True)
+        def adam(p, g, m, v, decay, l2, b1, one_b1, b2, one_b2, root_c2, eps, step_size):
+            for i in numba.prange(p.size):
+                gi = g[i] + l2 * p[i] if l2 != 0 else g[i]
+                pi = p[i] * decay
+                mi = m[i] * b1 + one_b1 * gi
+                vi = v[i] * b2 + one_b2 * (gi * gi)
+                denom = np.sqrt(vi) / root_c2 + eps
+                m[i] = mi
+                v[i] = vi
+                p[i] = pi - (mi / denom) * step_size
+
+        _ADAM = adam
+    return _ADAM

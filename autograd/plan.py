@@ -1,0 +1,469 @@
+"""The plan of a compiled step: slots, an arena planned from liveness, and the replay program.
+
+Built once from a Recorder (autograd/recorder.py). Every value of the trace has a slot in `vals`
+(its forward array) and, if it needs one, in `grads`; both hold fixed buffers: arguments are
+copied into their own buffers at the start of each replay, leaves are the parameters' arrays,
+and op outputs and gradients live in arena buffers. The replay program is a flat list of
+closures; each reads and writes slots, none creates a Tensor or a Function.
+
+Liveness: a position is one op of the forward or one VJP of the backward, in trace order. An
+op output is live from its op to the last position that may read it: its consumers, their
+backwards (which read what they saved) and its own backward; a view extends the life of the
+buffer it views. A non-leaf gradient lives from its first contribution to its producer's
+backward. Dead buffers go back to a pool by size and are handed to the next value of that size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from autograd import lowering
+from autograd.recorder import Node, Recorder, Value
+from autograd.tensor import Tensor
+
+FOREVER = math.inf
+
+
+class Arena:
+    """Buffers by size in bytes; `take` reuses a released one of the same size if there is one."""
+
+    def __init__(self) -> None:
+        self.free: dict[int, list[np.ndarray]] = {}
+        self.buffers: list[np.ndarray] = []
+        self.requested = 0  # bytes of all values, as if each had its own buffer
+        self.live = self.peak_live = 0  # bytes in use now / at most: what a perfect fit needs
+
+    def take(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        self.requested += nbytes
+        pool = self.free.get(nbytes)
+        raw = pool.pop() if pool else None
+        if raw is None:
+            raw = np.empty(nbytes, np.uint8)
+            self.buffers.append(raw)
+        self.live += nbytes
+        self.peak_live = max(self.peak_live, self.live)
+        return raw.view(dtype).reshape(shape)
+
+    def release(self, array: np.ndarray) -> None:
+        raw = array.base if array.base is not None else array
+        while raw.base is not None:
+            raw = raw.base
+        self.live -= raw.nbytes
+        self.free.setdefault(raw.nbytes, []).append(raw)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+
+def _result_values(result: Any, values: dict[int, Value]) -> list[Value]:
+    found: list[Value] = []
+    if isinstance(result, Tensor) and id(result) in values:
+        found.append(values[id(result)])
+    elif isinstance(result, (tuple, list)):
+        for r in result:
+            found += _result_values(r, values)
+    return found
+
+
+class Plan:
+    """Everything one argument signature replays (built once; see the module docstring)."""
+
+    def __init__(self, rec: Recorder, result: Any, fusion: bool) -> None:
+        self.fusion = fusion
+        self.values = sorted(rec.values.values(), key=lambda v: v.id)
+        self.vals: list[Any] = [None] * len(self.values)
+        self.grads: list[Any] = [None] * len(self.values)
+        self.arena = Arena()
+        self.program: list[Callable[[], Any]] = []
+        self.lines: list[str] = []
+        self.trace_s = self.plan_s = 0.0
+        self._result_template = result
+        self._call_results: dict[int, int] = {}  # id(result of a recorded call) -> call index
+        self.call_out: list[Any] = []
+        self.leaves = [v for v in self.values if v.kind == "leaf"]
+        self.inputs: list[tuple[int, np.ndarray]] = []
+        self._lowered = 0
+        self._generic = 0
+        # fusion: BLAS single-threaded during a replay, large products split over two threads
+        self.blas = _blas_controller() if fusion else None
+        self.matmul = lowering.split_matmul if self.blas is not None else _matmul
+        # Each array argument gets a buffer of its own, refilled at the start of every replay;
+        # ops read the buffer (as a tensor's data, or as a parameter such as embedding ids).
+        for i in sorted(rec.used_args):
+            self.inputs.append((i, np.empty_like(rec.args[i])))
+        self._input_arrays = {id(rec.args[i]): buf for i, buf in self.inputs}
+        for v in self.values:
+            if v.kind == "input":
+                self.vals[v.id] = self._input_arrays[id(rec.args[v.index])]
+            elif v.kind == "leaf":
+                self.vals[v.id] = v.tensor._data
+        returned = _result_values(result, rec.values)
+        self.returned = {v.id for v in returned}
+        # returned tensors, by the identity of the traced ones: Tensors made once, whose arrays
+        # are the arena buffers (overwritten by the next call, as in CUDA graphs / TinyJit)
+        self._returned_ids = [(id(v.tensor), v.id) for v in returned]
+        for v in self.values:  # the traced call's arrays are not needed: free them now
+            if v.kind != "leaf":
+                v.tensor = None
+        self._liveness(rec, returned)
+        self.fused: dict[int, Callable[[], None]] = {}
+        if fusion:
+            with_grad = _leaves_with_grad(rec)
+            for entry in rec.program:
+                if entry[0] == "optimizer":
+                    step = lowering.flat_optimizer(self, entry[1], with_grad)
+                    if step is not None:
+                        self.fused[id(entry[1])] = step
+        self._build(rec)
+        self.leaf_arrays = [v.tensor._data for v in self.leaves]  # after any re-homing
+        self.outputs = {key: Tensor._make(self.vals[vid], False) for key, vid in self._returned_ids}
+
+    # --- liveness -------------------------------------------------------------------------------
+    def _liveness(self, rec: Recorder, returned: list[Value]) -> None:
+        pos_f: dict[int, int] = {}
+        pos_b: dict[int, int] = {}
+        position = 0
+        for entry in rec.program:
+            if entry[0] == "op":
+                pos_f[id(entry[1])] = position
+                position += 1
+            elif entry[0] == "backward":
+                for node in entry[2]:
+                    pos_b[id(node)] = position
+                    position += 1
+        self.pos_f, self.pos_b = pos_f, pos_b
+        self.root: dict[int, int] = {}  # value id -> id of the value owning its memory
+        last: dict[int, float] = {}
+        for node in rec.nodes:
+            out = node.out.id
+            view = node.view_of if node.view_of is not None else lowering.view_input(node)
+            self.root[out] = self.root.get(view.id, view.id) if view is not None else out
+            # this op uses its inputs and output; its backward, what it saved
+            saved = lowering.saved_for_backward(self, node)
+            for v in [*node.inputs, node.out]:
+                r = self.root.get(v.id, v.id)
+                reads = pos_b.get(id(node), -1) if any(s is v for s in saved) else -1
+                last[r] = max(last.get(r, -1), pos_f[id(node)], reads)
+        for v in returned:
+            last[self.root.get(v.id, v.id)] = FOREVER
+        self.last_use = last
+
+    # --- building the program ---------------------------------------------------------------
+    def _build(self, rec: Recorder) -> None:
+        self.release_at: dict[int, list[np.ndarray]] = {}
+        self.has_grad: set[int] = set()
+        self.aliased: set[int] = set()  # gradients that are views of another value's gradient
+        self.lowered: set[int] = set()
+        self.consumers: dict[int, list[Node]] = {}
+        for node in rec.nodes:
+            for v in node.inputs:
+                self.consumers.setdefault(v.id, []).append(node)
+        for entry in rec.program:
+            kind = entry[0]
+            if kind == "op":
+                self._forward(entry[1])
+            elif kind == "backward":
+                self._backward(entry[1], entry[2])
+            elif kind == "call":
+                _, name, fn, args, result = entry
+                index = len(self.call_out)
+                self.call_out.append(None)
+                self._call_results[id(result)] = index
+                self._emit(_recorded_call(self.call_out, index, fn, args), f"call      {name}")
+            elif kind == "optimizer":
+                self._optimizer(entry[1])
+
+    def _emit(self, step: Callable[[], Any], line: str) -> None:
+        """Append one replay step and its line of the printout (program and lines align)."""
+        self.program.append(step)
+        self.lines.append(line)
+
+    def buffer(self, v: Value, position: int) -> np.ndarray:
+        """An arena buffer for op output v, released after the last position that reads it."""
+        buf = self.arena.take(v.shape, v.dtype)
+        self._release_after(buf, self.last_use.get(v.id, position))
+        return buf
+
+    def _release_after(self, buf: np.ndarray, position: float) -> None:
+        if position != FOREVER:
+            self.release_at.setdefault(int(position), []).append(buf)
+
+    def _end_of(self, position: int) -> None:
+        for buf in self.release_at.pop(position, []):
+            self.arena.release(buf)
+
+    def _forward(self, node: Node) -> None:
+        position = self.pos_f[id(node)]
+        step, note = lowering.forward(self, node, position)
+        if step is None:
+            step, note = self._generic_forward(node, position), "replays its own forward"
+            self._generic += 1
+        else:
+            self._lowered += 1
+            self.lowered.add(id(node))
+        self._emit(step, f"fwd  {position:4d} {node.name:<14} -> {_shape(node.out)}  {note}")
+        self._end_of(position)
+
+    def param(self, node: Node, key: str) -> Any:
+        """A keyword parameter of a recorded op, with the step's arguments (embedding ids,
+        targets) replaced by their input buffers, which each replay refills."""
+        p = node.params[key]
+        return self._input_arrays.get(id(p), p)
+
+    def lowered_forward(self, node: Node) -> bool:
+        return id(node) in self.lowered
+
+    def _generic_forward(self, node: Node, position: int) -> Callable[[], None]:
+        """fn.forward on the slots' arrays; the output is copied into its arena buffer (a view
+        output stays a view: it shares its input's buffer)."""
+        fn, vals, ins, out = node.fn, self.vals, [v.id for v in node.inputs], node.out.id
+        params = {k: self.param(node, k) for k in node.params}
+        if node.view_of is not None:
+
+            def run_view() -> None:
+                vals[out] = fn.forward(*[vals[i] for i in ins], **params)
+
+            run_view()
+            return run_view
+        buf = self.buffer(node.out, position)
+        vals[out] = buf
+
+        def run() -> None:
+            np.copyto(buf, fn.forward(*[vals[i] for i in ins], **params))
+
+        return run
+
+    def _backward(self, root: Value, steps: list) -> None:
+        seed = np.ones(root.shape, root.dtype)
+        self.grads[root.id] = seed
+        self.has_grad.add(root.id)
+        for node in steps:
+            position = self.pos_b[id(node)]
+            step, note = lowering.backward(self, node, position)
+            if step is None:
+                step, note = self._generic_backward(node, position), "replays its own VJP"
+            self._emit(step, f"bwd  {position:4d} {node.name:<14} <- {_shape(node.out)}  {note}")
+            self._end_of(position)
+            out = node.out.id
+            if out != root.id and self.grads[out] is not None and out not in self.aliased:
+                self.arena.release(self.grads[out])
+        self._emit(self._set_leaf_grads(), "leaf .grad = its gradient buffer (parameters)")
+
+    def _generic_backward(self, node: Node, position: int) -> Callable[[], None]:
+        fn, grads, out = node.fn, self.grads, node.out.id
+        adds = []
+        for v in node.inputs:
+            target = self.grad_target(v, v.shape, position) if v.requires_grad else None
+            adds.append(target)
+
+        def run() -> None:
+            for target, g in zip(adds, fn.backward(grads[out]), strict=True):
+                if target is not None and g is not None:
+                    target(g)
+
+        return run
+
+    def grad_target(self, v: Value, shape: tuple, position: int) -> Callable[[np.ndarray], None]:
+        """A function that adds a contribution g to v's gradient: the first one is copied into
+        v's gradient buffer, later ones are added in place (same values as eager's a + b)."""
+        first = v.id not in self.has_grad
+        buf = self.grad_buffer(v, position)
+        view = buf.reshape(shape)
+        if first:
+            return lambda g: np.copyto(view, g)
+        return lambda g: np.add(view, g, out=view)
+
+    def grad_buffer(self, v: Value, position: int, first: bool = True) -> np.ndarray:
+        """v's gradient buffer (taken from the arena on its first contribution).
+
+        The gradient of a view whose input has only views as consumers (qkv[0], qkv[1], qkv[2]
+        of one reshaped, transposed projection) is that same view of the input's gradient
+        buffer: the VJPs write straight into the projection's gradient, and the view's own
+        backward (a scatter or a transposed copy) has nothing left to do.
+        """
+        if first and v.id not in self.has_grad:
+            self.has_grad.add(v.id)
+        if self.grads[v.id] is None:
+            base = self._alias_base(v)
+            if base is not None:
+                base_buf = self.grad_buffer(base, position, first=False)
+                node = v.node
+                self.grads[v.id] = node.fn.forward(base_buf, **node.params)
+                self.aliased.add(v.id)
+            elif v.kind == "leaf":  # a parameter's own buffer (a flat view when fused)
+                self.grads[v.id] = np.empty(v.shape, v.dtype)
+            else:
+                self.grads[v.id] = self.arena.take(v.shape, v.dtype)
+        return self.grads[v.id]
+
+    def _alias_base(self, v: Value) -> Value | None:
+        """The input whose gradient buffer v's gradient can be a view of (see grad_buffer)."""
+        node = v.node
+        if node is None or lowering.view_input(node) is None:
+            return None
+        x = node.inputs[0]
+        consumers = self.consumers.get(x.id, [])
+        if not x.requires_grad or x.kind != "op" or x.id in self.returned:
+            return None
+        # every consumer a view of x whose backward runs (so that each region gets written)
+        if any(lowering.view_input(c) is not x or id(c) not in self.pos_b for c in consumers):
+            return None
+        if len(consumers) == 1:
+            return x
+        # several views: only disjoint integer indices that cover the first axis
+        indices = [c.params.get("index") for c in consumers]
+        if all(isinstance(c.fn, lowering.ops.GetItem) for c in consumers) and sorted(
+            i for i in indices if isinstance(i, int)
+        ) == list(range(x.shape[0])):
+            return x
+        return None
+
+    def contribution(self, v: Value, shape: tuple, position: int) -> tuple[np.ndarray, Any]:
+        """(array to write v's contribution into, then-what): the gradient buffer itself for the
+        first contribution, else a scratch buffer that is then added in place."""
+        first = v.id not in self.has_grad
+        buf = self.grad_buffer(v, position).reshape(shape)
+        if first:
+            return buf, None
+        scratch = self.arena.take(shape, v.dtype)
+        self.release_at.setdefault(position, []).append(scratch)
+        return scratch, lambda: np.add(buf, scratch, out=buf)
+
+    def _set_leaf_grads(self) -> Callable[[], None]:
+        pairs = [(v.tensor, self.grads[v.id]) for v in self.leaves if v.id in self.has_grad]
+
+        def run() -> None:
+            for t, g in pairs:
+                t.grad = g
+
+        return run
+
+    def _optimizer(self, optimizer: Any) -> None:
+        step = self.fused.get(id(optimizer))
+        if step is None:
+            self._emit(
+                optimizer.step, f"call      {type(optimizer).__name__}.step (its own update)"
+            )
+        else:
+            self._emit(step, f"fused     {step.note}")
+
+    # --- replay -------------------------------------------------------------------------------
+    def still_valid(self) -> bool:
+        """False if a parameter's array was replaced since the plan was made (then retrace)."""
+        return all(v.tensor._data is a for v, a in zip(self.leaves, self.leaf_arrays, strict=True))
+
+    def replay(self, args: tuple) -> Any:
+        for index, buf in self.inputs:
+            np.copyto(buf, args[index])
+        with self._blas_limit():
+            for step in self.program:
+                step()
+        return self._result(self._result_template)
+
+    def profile(self, args: tuple, reps: int = 5) -> list[tuple[float, str]]:
+        """(median ms, line) of every replay step over `reps` replays, slowest first: where a
+        compiled step spends its time (each step timed alone, so the sum exceeds the replay)."""
+        times: list[list[float]] = [[] for _ in self.program]
+        with self._blas_limit():
+            for _ in range(reps):
+                for index, buf in self.inputs:
+                    np.copyto(buf, args[index])
+                for i, step in enumerate(self.program):
+                    start = time.perf_counter()
+                    step()
+                    times[i].append(time.perf_counter() - start)
+        rows = [
+            (1e3 * float(np.median(t)), line) for t, line in zip(times, self.lines, strict=True)
+        ]
+        return sorted(rows, reverse=True)
+
+    def _blas_limit(self) -> Any:
+        """BLAS single-threaded while a replay runs, when it splits the products itself."""
+        if self.blas is None:
+            return contextlib.nullcontext()
+        return self.blas.limit(limits=1, user_api="blas")
+
+    def _result(self, template: Any) -> Any:
+        if isinstance(template, Tensor):
+            return self.outputs.get(id(template), template)
+        if isinstance(template, (tuple, list)):
+            return type(template)(self._result(t) for t in template)
+        index = self._call_results.get(id(template))
+        return template if index is None else self.call_out[index]
+
+    # --- the printout -------------------------------------------------------------------------
+    def describe(self) -> str:
+        """The plan, one line per step, then the arena's sizes (docs/compile.md shows one)."""
+        mib = 1 << 20
+        head = (
+            f"compiled step: {len(self.program)} replay steps; {self._lowered} ops lowered to "
+            f"out= kernels, {self._generic} replaying their own forward; fusion "
+            f"{'on' if self.fusion else 'off'}; traced in {self.trace_s:.2f} s, planned in "
+            f"{self.plan_s:.2f} s"
+        )
+        arena = (
+            f"arena: {len(self.arena.buffers)} buffers, {self.arena.nbytes / mib:.1f} MiB for "
+            f"{self.arena.requested / mib:.1f} MiB of values and gradients (liveness reuse saves "
+            f"{(self.arena.requested - self.arena.nbytes) / mib:.1f} MiB)"
+        )
+        return "\n".join([head, *self.lines, arena])
+
+
+def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.matmul(a, b, out=out)
+
+
+def single_threaded_blas(fusion: bool) -> Any:
+    """A context with BLAS at one thread when a fused replay would split its products itself
+    (the traced call then runs as the replays will); else a no-op."""
+    controller = _blas_controller() if fusion else None
+    if controller is None:
+        return contextlib.nullcontext()
+    return controller.limit(limits=1, user_api="blas")
+
+
+def _blas_controller() -> Any:
+    """threadpoolctl's controller when the BLAS may use >= 2 threads (then a replay splits the
+    products itself, see lowering.split_matmul); None without threadpoolctl or with 1 thread."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    controller = ThreadpoolController()
+    blas = [lib for lib in controller.lib_controllers if lib.user_api == "blas"]
+    if not blas or min(lib.num_threads for lib in blas) < 2:
+        return None
+    return controller
+
+
+def _leaves_with_grad(rec: Recorder) -> set[int]:
+    """Leaves that the recorded backward sends a gradient to."""
+    found: set[int] = set()
+    for entry in rec.program:
+        if entry[0] == "backward":
+            for node in entry[2]:
+                found |= {v.id for v in node.inputs if v.kind == "leaf" and v.requires_grad}
+    return found
+
+
+def _recorded_call(out: list, index: int, fn: Callable, args: tuple) -> Callable[[], None]:
+    def run() -> None:
+        out[index] = fn(*args)
+
+    return run
+
+
+def _shape(v: Value) -> str:
+    return f"{tuple(v.shape)} {v.dtype}"
+
+
+__all__ = ["Arena", "Plan"]

@@ -1,0 +1,188 @@
+"""The tracing half of autograd.compile: what one traced call of a step did (docs/compile.md).
+
+While a step is traced, autograd.hooks.RECORDER is a Recorder: Function.apply reports every op,
+run_backward the order of its VJPs, Tensor.item / bool / np.asarray every read of a value, and nn
+the calls that work on gradient arrays outside the graph (zero_grad, clip_grad_norm_,
+Optimizer.step). What a replay could not repeat faithfully is refused here, at trace time, with
+a TraceError that says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from autograd import hooks
+from autograd.tensor import Function, Tensor, _storage
+
+
+class TraceError(RuntimeError):
+    """The step does something a replay could not repeat faithfully (said why, at trace time)."""
+
+
+class Value:
+    """One tensor of the trace. kind: "input" (argument `index`), "leaf" (a parameter or constant
+    tensor, read from `tensor` at each replay) or "op" (the output of node `node`)."""
+
+    __slots__ = ("id", "tensor", "kind", "index", "node", "shape", "dtype", "requires_grad")
+
+    def __init__(self, vid: int, tensor: Tensor, kind: str, index: int = -1) -> None:
+        self.id = vid
+        self.tensor = tensor
+        self.kind = kind
+        self.index = index
+        self.node: Node | None = None
+        self.shape = tensor.shape
+        self.dtype = tensor.dtype
+        self.requires_grad = tensor.requires_grad
+
+
+class Node:
+    """One recorded op: the Function instance (replayed as it is), its input and output values,
+    and its keyword parameters (those that are arguments of the step are mapped to input buffers
+    by the plan)."""
+
+    __slots__ = ("fn", "inputs", "params", "out", "view_of", "stats")
+
+    def __init__(self, fn: Function, inputs: list[Value], params: dict, out: Value) -> None:
+        self.fn = fn
+        self.inputs = inputs
+        self.params = params
+        self.out = out
+        self.view_of: Value | None = None  # the input whose memory the output views, if any
+        self.stats: Any = None  # what a lowered forward keeps for its backward
+
+    @property
+    def name(self) -> str:
+        return self.fn.name
+
+
+class Recorder:
+    """The listener of autograd.hooks.RECORDER while one call of the step is traced."""
+
+    def __init__(self, args: tuple) -> None:
+        self.args = args
+        self.values: dict[int, Value] = {}  # id(tensor) -> Value (the tensors are kept alive)
+        self.nodes: list[Node] = []
+        self.program: list[tuple] = []  # ("op", node) | ("backward", ...) | ("call", ...) | ...
+        self.used_args: set[int] = set()
+        self.in_backward = False
+        self.backward_steps: list[Node] | None = None  # the nodes, in the order of their VJPs
+
+    # --- values ----------------------------------------------------------------------------
+    def value(self, t: Tensor) -> Value:
+        v = self.values.get(id(t))
+        if v is not None:
+            return v
+        arg = next((i for i, a in enumerate(self.args) if a is t._data), None)
+        if arg is not None:
+            self.used_args.add(arg)
+            v = Value(len(self.values), t, "input", arg)
+        else:
+            self._refuse_view_of_argument(t._data, "a tensor")
+            if t.requires_grad and t.grad is not None:
+                raise TraceError(
+                    f"compile: a parameter (shape {t.shape}) already has a .grad when the step "
+                    "uses it, so the step would add to the previous step's gradient; call "
+                    "optimizer.zero_grad() inside the step"
+                )
+            v = Value(len(self.values), t, "leaf")
+        self.values[id(t)] = v
+        return v
+
+    def _refuse_view_of_argument(self, array: Any, what: str) -> None:
+        if not isinstance(array, np.ndarray):
+            return
+        for i, a in enumerate(self.args):
+            if isinstance(a, np.ndarray) and array is not a and _storage(array) is _storage(a):
+                raise TraceError(
+                    f"compile: {what} {array.shape} views argument {i} {a.shape} without being "
+                    "it; a replay would not see the new argument's data. Pass the view itself "
+                    "as the argument"
+                )
+
+    # --- events from the engine --------------------------------------------------------------
+    def op(self, fn: Function, inputs: tuple[Tensor, ...], params: dict, out: Tensor) -> None:
+        if self.in_backward:
+            raise TraceError(
+                f"compile: op {fn.name} ran inside backward (create_graph / higher-order "
+                "gradients): a compiled step replays one first-order backward only; run this "
+                "step eagerly"
+            )
+        node = Node(fn, [self.value(t) for t in inputs], params, None)  # type: ignore[arg-type]
+        for key, p in params.items():
+            arg = next((i for i, a in enumerate(self.args) if a is p), None)
+            if arg is not None:
+                self.used_args.add(arg)
+            else:
+                self._refuse_view_of_argument(p, f"parameter {key!r} of {fn.name}")
+        v = Value(len(self.values), out, "op")
+        v.node = node
+        node.out = v
+        self.values[id(out)] = v
+        if isinstance(out._data, np.ndarray) and out._data.base is not None:
+            storage = _storage(out._data)
+            node.view_of = next(
+                (i for i in node.inputs if _storage(i.tensor._data) is storage), None
+            )
+        self.nodes.append(node)
+        self.program.append(("op", node))
+
+    def read_value(self, t: Tensor, what: str) -> None:
+        v = self.values.get(id(t))
+        if v is not None and v.kind != "leaf":
+            raise TraceError(
+                f"compile: {what} of a tensor computed in the step (shape {t.shape}): its value "
+                "changes every step, but Python code that depends on it would be frozen into "
+                "the trace. Return the tensor from the step and read it outside"
+            )
+
+    def backward(
+        self, roots: Any, retain_graph: bool, create_graph: bool, inputs: Any
+    ) -> hooks.Observer:
+        if create_graph or inputs is not None or len(roots) != 1:
+            raise TraceError(
+                "compile: a compiled step runs one plain loss.backward(); autograd.grad, "
+                "create_graph=True and several outputs are not replayed (run that step eagerly)"
+            )
+        (root,) = roots
+        if self.backward_steps is not None:
+            raise TraceError("compile: a compiled step may run backward() once")
+        if id(root) not in self.values:
+            raise TraceError("compile: backward() of a tensor that the step did not compute")
+        self.backward_steps = []
+        self.in_backward = True
+        self.program.append(("backward", self.values[id(root)], self.backward_steps))
+        recorder = self
+
+        class Steps(hooks.Observer):
+            def backward_step(self, step, fn, output, grad, input_grads) -> None:
+                recorder.backward_steps.append(recorder.values[id(output)].node)
+
+        return Steps()
+
+    def backward_done(self) -> None:
+        self.in_backward = False
+
+    def call(self, name: str, fn: Callable, *args: Any) -> Any:
+        """Run fn(*args) now and replay it at that point of every later step (nn code that
+        works on the gradient arrays outside the graph: zero_grad, clip_grad_norm_)."""
+        result = fn(*args)
+        self.program.append(("call", name, fn, args, result))
+        return result
+
+    def optimizer_step(self, optimizer: Any) -> None:
+        """optimizer.step() is about to run; replay it (or its fused form) at this point."""
+        self.program.append(("optimizer", optimizer))
+
+    # --- after the call ------------------------------------------------------------------------
+    def check_arguments(self) -> None:
+        for i, a in enumerate(self.args):
+            if isinstance(a, np.ndarray) and i not in self.used_args:
+                raise TraceError(
+                    f"compile: argument {i} ({a.shape} {a.dtype}) never reached an op as it is "
+                    "(it was converted or copied inside the step, e.g. by astype), so a replay "
+                    f"could not feed it new data; pass it in the dtype the step uses"
+                )

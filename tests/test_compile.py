@@ -1,0 +1,249 @@
+"""autograd.compile: a replayed training step equals the eager one (docs/compile.md).
+
+20 GPT training steps, eager against compiled, on tiny configs: with fusion off the losses and
+parameters are equal bit for bit (float32 and float64), with fusion on they agree to 1e-12
+relative in float64 and within the measured FLOAT32_*_BOUND in float32; dropout masks come from
+the same rng stream. Then what the tracer must refuse, retracing, and the plan's printout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import autograd
+import nn
+from autograd import Tensor, TraceError
+from autograd import plan as plan_module
+from models.gpt import GPT, GPTConfig
+
+STEPS = 20
+# Fusion on differs from eager only in rounding: the fused attention computes all of q k^T and
+# keeps P (eager's kernel works in query blocks and recomputes P), fused AdamW does eager's
+# operations in the same order. Measured over these 20 steps (norm of the difference / norm of
+# the parameter, worst tensor): float64 1.6e-13; float32 1.1e-4 (the c_attn bias, whose norm is
+# tiny), with the float32 losses equal to every printed digit. The bounds below: 1e-12 in
+# float64 (the issue's), and in float32 the losses within 1e-5 relative, the parameters 1e-3.
+FLOAT32_LOSS_BOUND = 1e-5
+FLOAT32_PARAM_BOUND = 1e-3
+
+
+def _norm_relative(a, b):
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), np.finfo(b.dtype).tiny)
+
+
+@pytest.fixture(autouse=True)
+def _restore_dtype():
+    previous = autograd.get_default_dtype()
+    yield
+    autograd.set_default_dtype(previous)
+
+
+def _setup(dtype, dropout=0.0):
+    autograd.set_default_dtype(dtype)
+    config = GPTConfig(
+        vocab_size=17, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=dropout
+    )
+    model = GPT(config, rng=np.random.default_rng(0))
+    decay = [p for p in model.parameters() if p.ndim == 2]
+    other = [p for p in model.parameters() if p.ndim != 2]
+    optimizer = nn.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}], lr=3e-3
+    )
+
+    def step(x, y):
+        optimizer.zero_grad()
+        _, loss = model(x, y)
+        loss.backward()
+        norm = nn.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss, norm
+
+    return model, optimizer, step
+
+
+def _batches(n=STEPS):
+    rng = np.random.default_rng(1)
+    data = [rng.integers(0, 17, size=(3, 17)) for _ in range(n)]
+    return [(d[:, :-1], d[:, 1:]) for d in data]
+
+
+def _run(dtype, fusion, dropout=0.0):
+    """(eager losses, compiled losses, eager params, compiled params, eager norms, ...)."""
+    m1, o1, eager = _setup(dtype, dropout)
+    m2, o2, step = _setup(dtype, dropout)
+    compiled = autograd.compile(step, fusion=fusion)
+    losses = {"eager": [], "compiled": []}
+    norms = {"eager": [], "compiled": []}
+    for x, y in _batches():
+        for name, fn in (("eager", eager), ("compiled", compiled)):
+            loss, norm = fn(x, y)
+            losses[name].append(loss.item())
+            norms[name].append(norm)
+    return losses, norms, m1.state_dict(), m2.state_dict(), (o1, o2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fusion_off_replays_eager_bit_for_bit(dtype):
+    losses, norms, p1, p2, _ = _run(dtype, fusion=False, dropout=0.1)
+    assert losses["compiled"] == losses["eager"]
+    assert norms["compiled"] == norms["eager"]
+    for name in p1:
+        assert np.array_equal(p1[name], p2[name]), name
+
+
+def test_fusion_on_float64_within_1e_12():
+    losses, norms, p1, p2, (o1, o2) = _run(np.float64, fusion=True, dropout=0.1)
+    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-12)
+    for name in p1:
+        assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
+    s1, s2 = o1.state_dict()["state"], o2.state_dict()["state"]
+    for i in s1:
+        assert s1[i]["step"] == s2[i]["step"] == STEPS
+        assert _norm_relative(s2[i]["exp_avg"], s1[i]["exp_avg"]) <= 1e-10
+
+
+def test_fusion_on_float32_within_the_measured_bound():
+    losses, _, p1, p2, _ = _run(np.float32, fusion=True)
+    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=FLOAT32_LOSS_BOUND)
+    for name in p1:
+        assert _norm_relative(p2[name], p1[name]) <= FLOAT32_PARAM_BOUND, name
+
+
+def test_a_skipped_gradient_accumulation_is_caught(monkeypatch):
+    # Break the replay on purpose: the second contribution to a gradient is dropped. The
+    # bit-for-bit comparison above must notice (this is how the test itself is tested).
+    original = plan_module.Plan.grad_target
+
+    def broken(self, v, shape, position):
+        first = v.id not in self.has_grad
+        target = original(self, v, shape, position)
+        return target if first else (lambda g: None)
+
+    monkeypatch.setattr(plan_module.Plan, "grad_target", broken)
+    losses, _, p1, p2, _ = _run(np.float64, fusion=False)
+    assert losses["compiled"][1:] != losses["eager"][1:]
+
+
+def test_dropout_masks_follow_the_same_rng_stream():
+    m1, _, eager = _setup(np.float64, dropout=0.5)
+    m2, _, step = _setup(np.float64, dropout=0.5)
+    compiled = autograd.compile(step)
+    for x, y in _batches(4):
+        assert eager(x, y)[0].item() == compiled(x, y)[0].item()
+    rngs = [m.transformer.drop.rng.bit_generator.state for m in (m1, m2)]
+    assert rngs[0] == rngs[1]
+
+
+def test_a_new_shape_traces_again_and_old_plans_stay():
+    model, _, step = _setup(np.float64)
+    compiled = autograd.compile(step)
+    (x, y), (x2, y2) = _batches(2)
+    compiled(x, y)
+    compiled(x[:2, :8], y[:2, :8])
+    compiled(x2, y2)
+    assert len(compiled.plans) == 2
+    assert compiled.plan_for(x, y) is not compiled.plan_for(x[:2, :8], y[:2, :8])
+
+
+def test_the_plan_prints_ops_buffers_and_bytes_saved():
+    _, _, step = _setup(np.float32)
+    compiled = autograd.compile(step)
+    x, y = _batches(1)[0]
+    compiled(x, y)
+    text = compiled.plan_for(x, y).describe()
+    assert "Linear" in text and "LayerNorm" in text and "arena:" in text and "saves" in text
+    assert "AdamW fused" in text
+
+
+def test_python_control_flow_on_a_traced_value_is_refused():
+    model, optimizer, _ = _setup(np.float32)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        _, loss = model(x, y)
+        if loss.item() > 100:  # frozen into a trace: refused
+            return loss
+        loss.backward()
+        return loss
+
+    x, y = _batches(1)[0]
+    with pytest.raises(TraceError, match=r"item\(\)"):
+        autograd.compile(step)(x, y)
+    for read in (bool, np.asarray):
+
+        def reads(x, y, read=read):
+            _, loss = model(x, y)
+            read(loss)
+            return loss
+
+        with pytest.raises(TraceError, match="computed in the step"):
+            autograd.compile(reads)(x, y)
+
+
+class _HigherOrder(autograd.Function):
+    # A VJP that builds a graph (what create_graph does): a replay cannot follow it.
+    def forward(self, a):
+        return a * a
+
+    def backward(self, g):
+        return ((Tensor(g) * 2).data,)
+
+
+def test_ops_inside_backward_are_refused():
+    w = Tensor(np.ones(3), requires_grad=True)
+
+    def step():
+        loss = _HigherOrder.apply(w).sum()
+        loss.backward()
+        return loss
+
+    with pytest.raises(TraceError, match="inside backward"):
+        autograd.compile(step)()
+
+
+def test_an_argument_converted_inside_the_step_is_refused():
+    model, optimizer, step = _setup(np.float32)
+    x, y = _batches(1)[0]
+    with pytest.raises(TraceError, match="argument 0"):
+        autograd.compile(lambda x, y: step(x.astype(np.int32).astype(np.int64), y))(x, y)
+
+
+def test_a_gradient_left_from_an_earlier_step_is_refused():
+    model, optimizer, _ = _setup(np.float32)
+
+    def step(x, y):  # no zero_grad: each call would add to the last one's gradients
+        _, loss = model(x, y)
+        loss.backward()
+        return loss
+
+    x, y = _batches(1)[0]
+    step(x, y)
+    with pytest.raises(TraceError, match="zero_grad"):
+        autograd.compile(step)(x, y)
+
+
+def test_replacing_a_parameter_array_retraces():
+    model, _, step = _setup(np.float64)
+    compiled = autograd.compile(step)
+    x, y = _batches(1)[0]
+    compiled(x, y)
+    w = model.transformer.wte.weight
+    w.data = w.data.copy()  # a new array: the plan no longer reads it
+    assert not compiled.plan_for(x, y).still_valid()
+    compiled(x, y)
+    assert compiled.plan_for(x, y).still_valid()
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape", [((300, 40), (40, 50)), ((40, 300), (300, 500)), ((6, 30, 8), (6, 8, 30))]
+)
+def test_split_products_equal_numpy(monkeypatch, a_shape, b_shape):
+    from autograd import lowering
+
+    monkeypatch.setattr(lowering, "SPLIT_MIN_WORK", 1)  # split even these small products
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    out = np.empty(np.matmul(a, b).shape)
+    lowering.split_matmul(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
