@@ -247,3 +247,19 @@ def test_split_products_equal_numpy(monkeypatch, a_shape, b_shape):
     out = np.empty(np.matmul(a, b).shape)
     lowering.split_matmul(a, b, out)
     np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_create_graph_and_autograd_grad_are_refused_clearly():
+    w = Tensor(np.ones(3), requires_grad=True)
+
+    def with_create_graph(x):
+        ((w * x).sum() ** 2).backward(create_graph=True)
+        return w.grad
+
+    def with_grad(x):
+        return autograd.grad((w * x).sum(), w)[0]
+
+    for step in (with_create_graph, with_grad):
+        w.grad = None
+        with pytest.raises(TraceError, match="create_graph=True and several outputs are not"):
+            autograd.compile(step)(np.ones(3))
