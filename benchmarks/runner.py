@@ -94,9 +94,8 @@ def run_benchmarks(
         log(f"suite {name}: {time.perf_counter() - suite_start:.1f} s")
     if names_for_torch(suite_names) and use_torch and not torch_only and system.torch_installed():
         log("PyTorch variants, in a separate process")
-        merge_torch(
-            results, _torch_process(names_for_torch(suite_names), configs, quick, reps, threads)
-        )
+        names = [n for n in names_for_torch(suite_names) if n != "tokenizer"]
+        merge_torch(results, _torch_process(names, configs, quick, reps, threads))
     records = [r for rs in results["suites"].values() for r in rs]
     if any("torch" in r["variants"] for r in results["suites"].get("train", [])):
         results["torch_used"] = True

@@ -120,9 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--quiet", action="store_true", help="no progress bar or periodic lines")
     add("--ddp", action="store_true", help="data parallel over MPI ranks (run under mpiexec)")
     add(
-        "--no-compile",
+        "--compile",
         action="store_true",
-        help="run every step eagerly (default: autograd.compile traces the step once, replays it)",
+        help="replay the step through autograd.compile (traced once); default: eager steps",
     )
     return p
 
@@ -132,7 +132,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     given = {
         k: v
         for k, v in vars(args).items()
-        if v is not None and k not in ("resume", "quiet", "ddp", "no_compile")
+        if v is not None and k not in ("resume", "quiet", "ddp", "compile")
     }
     settings = {**DEFAULTS, **given}
     if args.resume:
@@ -430,7 +430,7 @@ def train(
     after_backward: GradHook | None = None,
     stop: threading.Event | None = None,
     replicas: Replicas = SINGLE_PROCESS,
-    compile: bool = True,
+    compile: bool = False,
 ) -> dict[str, Any]:
     """Run (or continue) training with resolved settings; returns the history dict.
 
@@ -608,7 +608,7 @@ def run(args: argparse.Namespace, replicas: Replicas = SINGLE_PROCESS) -> int:
             args.quiet,
             stop=stop,
             replicas=replicas,
-            compile=not args.no_compile,
+            compile=args.compile,
         )
     if history["interrupted"]:
         return 130

@@ -289,3 +289,19 @@ def test_exact_fusion_replays_eager_bit_for_bit(dtype, monkeypatch):
     assert losses["compiled"] == losses["eager"] and norms["compiled"] == norms["eager"]
     for name in p1:
         assert np.array_equal(p1[name], p2[name]), name
+
+
+def test_create_graph_and_autograd_grad_with_arguments_are_refused():
+    w = Tensor(np.ones(3), requires_grad=True)
+
+    def with_create_graph(x):
+        ((w * x).sum() ** 2).backward(create_graph=True)
+        return w.grad
+
+    def with_grad(x):
+        return autograd.grad((w * x).sum(), w)[0]
+
+    for step in (with_create_graph, with_grad):
+        w.grad = None
+        with pytest.raises(TraceError, match="create_graph|autograd.grad"):
+            autograd.compile(step)(np.ones(3))
