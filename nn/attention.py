@@ -6,13 +6,11 @@ checkpoints map 1:1. Shapes: B batch, T positions, C = n_embd, H heads, D = C / 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 import autograd.functional as F
 from autograd import Tensor, is_grad_enabled
-from nn.layers import MLP, Dropout, LayerNorm, Linear, _rng, child_rng
+from nn.layers import MLP, Dropout, LayerNorm, Linear, _rng, child_rng, residual_projection
 from nn.module import Module
 
 
@@ -87,8 +85,7 @@ class CausalSelfAttention(Module):
         self.rotary = rotary
         self.max_len = max_len
         self.c_attn = Linear(n_embd, 3 * n_embd, bias=bias, rng=rng)
-        # c_proj writes into the residual stream: GPT-2 scales its init by 1/sqrt(2 * n_layer).
-        self.c_proj = Linear(n_embd, n_embd, bias=bias, rng=rng, std=0.02 / math.sqrt(2 * n_layer))
+        self.c_proj = residual_projection(n_embd, n_embd, bias, rng, n_layer)
         self.resid_dropout = Dropout(dropout, rng=child_rng(rng))
         if rotary:
             self._cos, self._sin = F.rotary_tables(max_len, self.head_dim)

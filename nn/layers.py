@@ -54,6 +54,15 @@ class Linear(Module):
         )
 
 
+def residual_projection(
+    n_in: int, n_out: int, bias: bool, rng: np.random.Generator, n_layer: int
+) -> Linear:
+    """A Linear that writes into the residual stream (attention's and the MLP's c_proj): GPT-2
+    scales its init std to 0.02 / sqrt(2 * n_layer), so the residual sum's variance does not grow
+    with depth."""
+    return Linear(n_in, n_out, bias=bias, rng=rng, std=0.02 / math.sqrt(2 * n_layer))
+
+
 class Embedding(Module):
     """A lookup table: row `i` of weight (num_embeddings, embedding_dim) is token i's vector."""
 
@@ -172,9 +181,7 @@ class MLP(Module):
         rng = _rng(rng)
         self.c_fc = Linear(n_embd, 4 * n_embd, bias=bias, rng=rng)
         self.gelu = GELU("tanh")
-        self.c_proj = Linear(
-            4 * n_embd, n_embd, bias=bias, rng=rng, std=0.02 / math.sqrt(2 * n_layer)
-        )
+        self.c_proj = residual_projection(4 * n_embd, n_embd, bias, rng, n_layer)
         self.dropout = Dropout(dropout, rng=child_rng(rng))
 
     def forward(self, x: Tensor) -> Tensor:

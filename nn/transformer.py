@@ -27,7 +27,16 @@ import numpy as np
 import autograd.functional as F
 from autograd import Tensor, get_default_dtype
 from nn.attention import CausalSelfAttention, LayerKVCache
-from nn.layers import MLP, Dropout, Embedding, LayerNorm, Linear, _rng, child_rng
+from nn.layers import (
+    MLP,
+    Dropout,
+    Embedding,
+    LayerNorm,
+    Linear,
+    _rng,
+    child_rng,
+    residual_projection,
+)
 from nn.module import Module
 
 
@@ -95,8 +104,7 @@ class SelfAttention(Module):
         self.n_embd = n_embd
         self.n_head = n_head
         self.c_attn = Linear(n_embd, 3 * n_embd, bias=bias, rng=rng)
-        # Writes into the residual stream: GPT-2's 1/sqrt(2 * n_layer) init, as in nn.attention.
-        self.c_proj = Linear(n_embd, n_embd, bias=bias, rng=rng, std=0.02 / math.sqrt(2 * n_layer))
+        self.c_proj = residual_projection(n_embd, n_embd, bias, rng, n_layer)
         self.resid_dropout = Dropout(dropout, rng=child_rng(rng))
 
     def forward(self, x: Tensor, key_mask: Any = None) -> Tensor:
@@ -139,7 +147,7 @@ class CrossAttention(Module):
         self.n_head = n_head
         self.c_q = Linear(n_embd, n_embd, bias=bias, rng=rng)
         self.c_kv = Linear(n_embd, 2 * n_embd, bias=bias, rng=rng)
-        self.c_proj = Linear(n_embd, n_embd, bias=bias, rng=rng, std=0.02 / math.sqrt(2 * n_layer))
+        self.c_proj = residual_projection(n_embd, n_embd, bias, rng, n_layer)
         self.resid_dropout = Dropout(dropout, rng=child_rng(rng))
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
