@@ -35,6 +35,7 @@ import numpy as np
 from autograd import hooks, kernels
 from autograd.plan import Plan, single_threaded_blas
 from autograd.recorder import Recorder, TraceError
+from autograd.shard import shard_count, sharded_plan
 from autograd.tensor import Tensor
 
 
@@ -59,9 +60,13 @@ def _key(args: tuple) -> tuple:
 class CompiledStep:
     """A step function with one traced plan per argument signature (see the module docstring)."""
 
-    def __init__(self, step_fn: Callable, fusion: bool | str = True) -> None:
+    def __init__(
+        self, step_fn: Callable, fusion: bool | str = True, shards: int | None = None
+    ) -> None:
         self.step_fn = step_fn
         self.fusion = fusion
+        self.shards = shards
+        shard_count(fusion, shards)  # a bad combination is refused now, not at the first call
         self.plans: dict[tuple, Any] = {}
         self.__wrapped__ = step_fn
         self.__doc__ = step_fn.__doc__
@@ -88,7 +93,10 @@ class CompiledStep:
             recorder.in_backward = False
         recorder.check_arguments()
         traced = time.perf_counter()
-        plan = Plan(recorder, result, fusion=self.fusion)
+        plan, unsharded = sharded_plan(recorder, result, self.fusion, self.shards)
+        if plan is None:
+            plan = Plan(recorder, result, fusion=self.fusion)
+            plan.unsharded = unsharded
         del recorder
         _release_freed_memory()  # the traced call's arrays, which the plan no longer holds
         plan.trace_s = traced - start
@@ -114,15 +122,19 @@ def _release_freed_memory() -> None:
         pass  # not glibc: nothing to do
 
 
-def compile(step_fn: Callable | None = None, *, fusion: bool | str = True) -> Any:
+def compile(
+    step_fn: Callable | None = None, *, fusion: bool | str = True, shards: int | None = None
+) -> Any:
     """Trace `step_fn` on its first call per argument signature and replay it afterwards.
 
     fusion=False keeps every op's own arithmetic (a replay then equals eager bit for bit);
     fusion="exact" adds what keeps eager's arithmetic too: AdamW as one kernel over a flat
     parameter buffer, products split over two threads (bit for bit with eager, measured);
-    fusion=True (default) also fuses self-attention (rounding differs from eager's kernel).
+    fusion=True (default) also fuses self-attention (rounding differs from eager's kernel) and
+    shards the step over the BLAS's threads along the batch when it can (autograd/shard.py).
+    shards: threads to shard over (None: the BLAS's thread count with fusion=True; 1: never).
     Usable as `compile(fn)`, `@compile` or `@compile(fusion=False)`.
     """
     if step_fn is None:
-        return lambda fn: CompiledStep(fn, fusion=fusion)
-    return CompiledStep(step_fn, fusion=fusion)
+        return lambda fn: CompiledStep(fn, fusion=fusion, shards=shards)
+    return CompiledStep(step_fn, fusion=fusion, shards=shards)

@@ -535,6 +535,7 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
         for p in params:
             optimizer.state[p]["step"] = t
 
+    run.flat_grad = flat["grad"]  # a batch-sharded step adds the other shards' gradients here
     run.note = (
         f"{type(optimizer).__name__} fused: one Numba loop over a flat buffer of "
         f"{len(params)} parameters ({total:,} values), {len(ranges)} group(s)"

@@ -64,21 +64,26 @@ class Arena:
         return sum(b.nbytes for b in self.buffers)
 
 
-def _result_values(result: Any, values: dict[int, Value]) -> list[Value]:
+def result_values(result: Any, values: dict[int, Value]) -> list[Value]:
     found: list[Value] = []
     if isinstance(result, Tensor) and id(result) in values:
         found.append(values[id(result)])
     elif isinstance(result, (tuple, list)):
         for r in result:
-            found += _result_values(r, values)
+            found += result_values(r, values)
     return found
 
 
 class Plan:
     """Everything one argument signature replays (built once; see the module docstring)."""
 
-    def __init__(self, rec: Recorder, result: Any, fusion: bool | str) -> None:
+    def __init__(self, rec: Recorder, result: Any, fusion: bool | str, shard: Any = None) -> None:
+        """shard: None, or one shard's part of a batch-sharded step (autograd/shard.py): then the
+        recorder holds that shard's share of the batch, the program is the forward and backward
+        only, the parameters' gradients go to `shard.leaf_grads` and the loss is seeded with
+        `shard.seed`; the caller runs the rest (reduction, clipping, the optimizer)."""
         self.fusion = fusion
+        self.shard = shard
         self.values = sorted(rec.values.values(), key=lambda v: v.id)
         self.vals: list[Any] = [None] * len(self.values)
         self.grads: list[Any] = [None] * len(self.values)
@@ -86,6 +91,7 @@ class Plan:
         self.program: list[Callable[[], Any]] = []
         self.lines: list[str] = []
         self.trace_s = self.plan_s = 0.0
+        self.unsharded = ""  # why the step is not sharded over threads (autograd/shard.py)
         self._result_template = result
         self._call_results: dict[int, int] = {}  # id(result of a recorded call) -> call index
         self.call_out: list[Any] = []
@@ -94,7 +100,7 @@ class Plan:
         self._lowered = 0
         self._generic = 0
         # fusion: BLAS single-threaded during a replay, large products split over two threads
-        self.blas = _blas_controller() if fusion else None
+        self.blas = _blas_controller() if fusion and shard is None else None
         self.matmul = lowering.split_matmul if self.blas is not None else _matmul
         # Each array argument gets a buffer of its own, refilled at the start of every replay;
         # ops read the buffer (as a tensor's data, or as a parameter such as embedding ids).
@@ -106,18 +112,21 @@ class Plan:
                 self.vals[v.id] = self._input_arrays[id(rec.args[v.index])]
             elif v.kind == "leaf":
                 self.vals[v.id] = v.tensor._data
-        returned = _result_values(result, rec.values)
+        returned = result_values(result, rec.values) if shard is None else [shard.root]
         self.returned = {v.id for v in returned}
         # returned tensors, by the identity of the traced ones: Tensors made once, whose arrays
         # are the arena buffers (overwritten by the next call, as in CUDA graphs / TinyJit)
-        self._returned_ids = [(id(v.tensor), v.id) for v in returned]
+        self._returned_ids = [(id(v.tensor), v.id) for v in returned] if shard is None else []
         for v in self.values:  # the traced call's arrays are not needed: free them now
             if v.kind != "leaf":
                 v.tensor = None
         self._liveness(rec, returned)
         self.fused: dict[int, Callable[[], None]] = {}
-        if fusion:
-            with_grad = _leaves_with_grad(rec)
+        if shard is not None:
+            for vid, grad in shard.leaf_grads.items():
+                self.grads[vid] = grad
+        elif fusion:
+            with_grad = leaves_with_grad(rec)
             for entry in rec.program:
                 if entry[0] == "optimizer":
                     step = lowering.flat_optimizer(self, entry[1], with_grad)
@@ -178,7 +187,7 @@ class Plan:
                 index = len(self.call_out)
                 self.call_out.append(None)
                 self._call_results[id(result)] = index
-                self._emit(_recorded_call(self.call_out, index, fn, args), f"call      {name}")
+                self._emit(recorded_call(self.call_out, index, fn, args), f"call      {name}")
             elif kind == "optimizer":
                 self._optimizer(entry[1])
 
@@ -243,7 +252,7 @@ class Plan:
         return run
 
     def _backward(self, root: Value, steps: list) -> None:
-        seed = np.ones(root.shape, root.dtype)
+        seed = np.ones(root.shape, root.dtype) if self.shard is None else self.shard.seed
         self.grads[root.id] = seed
         self.has_grad.add(root.id)
         for node in steps:
@@ -256,7 +265,8 @@ class Plan:
             out = node.out.id
             if out != root.id and self.grads[out] is not None and out not in self.aliased:
                 self.arena.release(self.grads[out])
-        self._emit(self._set_leaf_grads(), "leaf .grad = its gradient buffer (parameters)")
+        if self.shard is None:
+            self._emit(self._set_leaf_grads(), "leaf .grad = its gradient buffer (parameters)")
 
     def _generic_backward(self, node: Node, position: int) -> Callable[[], None]:
         fn, grads, out = node.fn, self.grads, node.out.id
@@ -362,12 +372,19 @@ class Plan:
         return all(v.tensor._data is a for v, a in zip(self.leaves, self.leaf_arrays, strict=True))
 
     def replay(self, args: tuple) -> Any:
+        self.load(args)
+        with self._blas_limit():
+            self.run()
+        return self._result(self._result_template)
+
+    def load(self, args: tuple) -> None:
+        """Copy the step's array arguments into their buffers."""
         for index, buf in self.inputs:
             np.copyto(buf, args[index])
-        with self._blas_limit():
-            for step in self.program:
-                step()
-        return self._result(self._result_template)
+
+    def run(self) -> None:
+        for step in self.program:
+            step()
 
     def profile(self, args: tuple, reps: int = 5) -> list[tuple[float, str]]:
         """(median ms, line) of every replay step over `reps` replays, slowest first: where a
@@ -392,6 +409,10 @@ class Plan:
             return contextlib.nullcontext()
         return self.blas.limit(limits=1, user_api="blas")
 
+    def _blas_limit_to_one(self) -> Any:
+        """BLAS single-threaded (the shards of a batch-sharded step run side by side)."""
+        return single_threaded_blas(True)
+
     def _result(self, template: Any) -> Any:
         if isinstance(template, Tensor):
             return self.outputs.get(id(template), template)
@@ -409,7 +430,7 @@ class Plan:
             f"out= kernels, {self._generic} replaying their own forward; fusion "
             f"{ {True: 'on', False: 'off'}.get(self.fusion, self.fusion) }; traced in "
             f"{self.trace_s:.2f} s, planned in "
-            f"{self.plan_s:.2f} s"
+            f"{self.plan_s:.2f} s" + (f"; not sharded: {self.unsharded}" if self.unsharded else "")
         )
         arena = (
             f"arena: {len(self.arena.buffers)} buffers, {self.arena.nbytes / mib:.1f} MiB for "
@@ -432,6 +453,14 @@ def single_threaded_blas(fusion: bool) -> Any:
     return controller.limit(limits=1, user_api="blas")
 
 
+def blas_threads() -> int:
+    """The BLAS's thread count (1 without threadpoolctl, which the sharded replay needs)."""
+    controller = _blas_controller()
+    if controller is None:
+        return 1
+    return min(lib.num_threads for lib in controller.lib_controllers if lib.user_api == "blas")
+
+
 def _blas_controller() -> Any:
     """threadpoolctl's controller when the BLAS may use >= 2 threads (then a replay splits the
     products itself, see lowering.split_matmul); None without threadpoolctl or with 1 thread."""
@@ -446,7 +475,7 @@ def _blas_controller() -> Any:
     return controller
 
 
-def _leaves_with_grad(rec: Recorder) -> set[int]:
+def leaves_with_grad(rec: Recorder) -> set[int]:
     """Leaves that the recorded backward sends a gradient to."""
     found: set[int] = set()
     for entry in rec.program:
@@ -456,7 +485,7 @@ def _leaves_with_grad(rec: Recorder) -> set[int]:
     return found
 
 
-def _recorded_call(out: list, index: int, fn: Callable, args: tuple) -> Callable[[], None]:
+def recorded_call(out: list, index: int, fn: Callable, args: tuple) -> Callable[[], None]:
     def run() -> None:
         out[index] = fn(*args)
 
@@ -467,4 +496,4 @@ def _shape(v: Value) -> str:
     return f"{tuple(v.shape)} {v.dtype}"
 
 
-__all__ = ["Arena", "Plan"]
+__all__ = ["Arena", "Plan", "blas_threads", "leaves_with_grad", "recorded_call", "result_values"]

@@ -5,6 +5,7 @@ Importing this module never imports Numba; building the first `Kernel` does.
 
 import functools
 import os
+import threading
 import types
 
 import numpy as np
@@ -56,6 +57,13 @@ FASTMATH = {"reassoc"}
 PARALLEL_MIN_WORK = 1 << 17
 
 
+class _ThisThread(threading.local):
+    serial = False  # set by the threads of a batch-sharded compiled step (autograd/shard.py)
+
+
+THIS_THREAD = _ThisThread()
+
+
 class Kernel:
     """One loop compiled twice: `parallel` (prange spread over Numba's threads) and `serial`.
 
@@ -78,13 +86,14 @@ class Kernel:
         self.__doc__ = fn.__doc__
         # error_model="numpy": a division by zero gives inf/NaN as in numpy, instead of a Python
         # ZeroDivisionError check per division, a branch that stops LLVM from vectorising the
-        # loop (the GELU forward ran 6x slower with it).
-        options = {"cache": True, "fastmath": FASTMATH, "error_model": "numpy"}
+        # loop (the GELU forward ran 6x slower with it). nogil: threads of a batch-sharded step
+        # run kernels side by side.
+        options = {"cache": True, "fastmath": FASTMATH, "error_model": "numpy", "nogil": True}
         self.parallel = numba.njit(parallel=True, **options)(fn)
         self.serial = numba.njit(parallel=False, **options)(serial)
 
     def __call__(self, work, *args):
-        if work < PARALLEL_MIN_WORK:
+        if work < PARALLEL_MIN_WORK or THIS_THREAD.serial:
             return self.serial(*args)
         start_threads()
         return self.parallel(*args)

@@ -1,0 +1,448 @@
+"""Batch sharding of a compiled step: n threads each replay the step on their rows of the batch.
+
+A GPT step is independent across the rows of its batch until the loss averages them and the
+weight gradients sum them. With fusion on and a BLAS allowed n >= 2 threads, autograd.compile
+checks that the traced step has that form (`batch_axes`), plans it once per shard for B/n rows,
+and replays the n plans side by side, each on one thread with single-threaded BLAS and serial
+Numba kernels. Every core then works through its own rows with no hand-off inside the step,
+where splitting each product and kernel over two threads hands work over hundreds of times a
+step (and wakes a sleeping thread each time). After the shards, their parameter gradients are
+summed into the real ones; the recorded clip_grad_norm_ and the optimizer run once, as traced.
+
+The check gives every value of the trace a batch axis or None:
+- batched: one axis holds the batch rows, each shard owning one contiguous block of it. The
+  array arguments are batched on axis 0, and an op keeps its input's batch axis row by row:
+  Linear, LayerNorm and GELU (not on their last axis), an add whose other operand is
+  broadcast along that axis, attention over (B, H, T, D) on axis 0, the embedding of batched
+  ids, and the views that keep each shard's rows together (reshape, transpose, integer index);
+- None (replicated): parameters and what is computed from them alone (wte transposed for the
+  tied head, the position embedding), which every shard computes whole. Their gradients are
+  each shard's partial sums, which add up as the leaves' do (a VJP is linear in its cotangent).
+The loss must be the mean cross-entropy of batched logits, with nothing computed from it.
+Anything else on a batched value (dropout's random mask, a mean over the batch, an op the check
+does not know) keeps the step whole; the plan's printout says why.
+
+The loss of the step is the mean over the kept targets of all shards. Shard s keeps k_s of
+the K kept targets and its loss is its own mean, so the step's loss is sum_s (k_s / K) loss_s;
+seeding shard s's backward with k_s / K gives exactly the full mean's gradient, (softmax -
+onehot) / K per row (notes 10.3). The k_s are counted from the targets at every replay.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from autograd import functional as F
+from autograd import lowering, ops
+from autograd.kernels import _common
+from autograd.plan import Plan, blas_threads, leaves_with_grad, recorded_call, result_values
+from autograd.recorder import Node, Recorder, Value
+from autograd.tensor import Tensor
+
+
+class NotShardable(Exception):
+    """The traced step is not row-separable over its batch (the message says where)."""
+
+
+# --- the check: a batch axis for every value ------------------------------------------------------
+
+
+def batch_axes(rec: Recorder, n: int) -> dict[int, int | None]:
+    """{value id: its batch axis, or None if replicated}; raises NotShardable (with the reason)."""
+    arrays = [a for a in rec.args if isinstance(a, np.ndarray)]
+    if not arrays or any(a.ndim == 0 for a in arrays):
+        raise NotShardable("an array argument without a batch axis")
+    batch = arrays[0].shape[0]
+    if any(a.shape[0] != batch for a in arrays) or batch % n:
+        raise NotShardable(f"the arguments' first axes {[a.shape for a in arrays]} are not one "
+                           f"batch divisible by {n}")  # fmt: skip
+    args = {id(a) for a in arrays}
+    axes: dict[int, int | None] = {}
+    for v in rec.values.values():
+        if v.kind == "input":
+            axes[v.id] = 0
+        elif v.kind == "leaf":
+            axes[v.id] = None
+    loss: Value | None = None
+    for node in rec.nodes:
+        if any(loss is v for v in node.inputs):
+            raise NotShardable(f"{node.name} computes from the loss")
+        if isinstance(node.fn, F.CrossEntropy):
+            if loss is not None:
+                raise NotShardable("two losses")
+            _check_loss(node, axes, args)
+            loss = node.out
+            continue
+        axes[node.out.id] = _out_axis(node, axes, args, n)
+    backward = [e for e in rec.program if e[0] == "backward"]
+    if len(backward) != 1 or loss is None or backward[0][1] is not loss:
+        raise NotShardable("the backward does not start from a mean cross-entropy loss")
+    return axes
+
+
+def _check_loss(node: Node, axes: dict, args: set[int]) -> None:
+    logits = node.inputs[0]
+    if axes[logits.id] != 0 or id(node.params.get("targets")) not in args:
+        raise NotShardable("the cross-entropy's logits or targets are not batched on axis 0")
+
+
+def _out_axis(node: Node, axes: dict, args: set[int], n: int) -> int | None:
+    """The batch axis of node's output (None: replicated), by the rules of the module docstring."""
+    fn, ins, out = node.fn, node.inputs, node.out
+    a = [axes[v.id] for v in ins]
+    batched_params = [k for k, p in node.params.items() if id(p) in args]
+    if all(x is None for x in a) and not batched_params:
+        return None  # parameters only: every shard computes it whole
+    arrays = [k for k, p in node.params.items() if isinstance(p, np.ndarray) and id(p) not in args]
+    kind = type(fn)
+    if arrays:
+        pass  # a constant array beside batched values: it might be batch-shaped; not shardable
+    elif kind is F.Embedding:
+        if a[0] is None and batched_params == ["idx"]:
+            return 0
+    elif batched_params:
+        pass
+    elif kind in (F.Linear, F.LayerNorm, F.Gelu):
+        if a[0] is not None and all(x is None for x in a[1:]):
+            if kind is F.Gelu or a[0] < len(ins[0].shape) - 1:
+                return a[0]
+    elif kind is ops.Add:
+        return _add_axis(ins, a, out)
+    elif kind is ops.Reshape:
+        return _reshape_axis(ins[0].shape, a[0], out.shape, n)
+    elif kind is ops.Transpose:
+        axes_param = fn.saved[0] if fn.saved else node.params.get("axes")
+        perm = list(range(len(ins[0].shape)))[::-1] if axes_param is None else list(axes_param)
+        return perm.index(a[0] % len(perm))
+    elif kind is ops.GetItem:
+        index = node.params.get("index")
+        if isinstance(index, (int, np.integer)) and a[0] > 0:
+            return a[0] - 1
+    elif kind is F.Attention:
+        if a == [0, 0, 0] and len(out.shape) == 4:
+            return 0
+    raise NotShardable(f"{node.name} {tuple(out.shape)} on batched values")
+
+
+def _add_axis(ins: list[Value], a: list, out: Value) -> int:
+    nd = len(out.shape)
+    mapped = {x + nd - len(v.shape) for v, x in zip(ins, a, strict=True) if x is not None}
+    if len(mapped) == 1:
+        axis = mapped.pop()
+        for v, x in zip(ins, a, strict=True):
+            p = axis - (nd - len(v.shape))
+            if x is None and p >= 0 and v.shape[p] != 1:
+                break  # a replicated operand that is not broadcast along the batch axis
+            if x is not None and v.shape[x] != out.shape[axis]:
+                break
+        else:
+            return axis
+    raise NotShardable(f"Add {tuple(out.shape)} mixes batch axes")
+
+
+def _reshape_axis(shape: tuple, axis: int, new: tuple, n: int) -> int:
+    # each shard owns one contiguous block of the flattened array, the same in both shapes
+    if math.prod(shape[:axis]) == 1:
+        j = next((i for i, d in enumerate(new) if d != 1), None)
+        if j is not None and new[j] % n == 0:
+            return j
+    raise NotShardable(f"Reshape {shape} -> {new} splits the batch rows")
+
+
+# --- one shard's trace: the recorded ops for B/n rows ---------------------------------------------
+
+
+class ShardTrace:
+    """A Recorder's forward and backward with every batched shape cut to one shard's rows (what
+    Plan reads: args, used_args, values, nodes, program). Nodes get their own Function copy."""
+
+    def __init__(self, rec: Recorder, axes: dict[int, int | None], n: int) -> None:
+        self.args = tuple(
+            np.empty((a.shape[0] // n, *a.shape[1:]), a.dtype) if isinstance(a, np.ndarray) else a
+            for a in rec.args
+        )
+        own = {id(a): h for a, h in zip(rec.args, self.args, strict=True)}
+        self.used_args = set(rec.used_args)
+        clones: dict[int, Value] = {}
+        self.values: dict[int, Value] = {}
+        for key, v in rec.values.items():
+            c = Value.__new__(Value)
+            c.id, c.kind, c.index, c.node = v.id, v.kind, v.index, None
+            c.tensor = v.tensor if v.kind == "leaf" else None
+            c.dtype, c.requires_grad = v.dtype, v.requires_grad
+            axis = axes.get(v.id)
+            c.shape = tuple(d // n if i == axis else d for i, d in enumerate(v.shape))
+            clones[v.id] = self.values[key] = c
+        nodes: dict[int, Node] = {}
+        self.nodes = []
+        for node in rec.nodes:
+            params = {k: own.get(id(p), p) for k, p in node.params.items()}
+            out = clones[node.out.id]
+            if isinstance(node.fn, ops.Reshape):
+                params["shape"] = out.shape
+            c = Node(copy.copy(node.fn), [clones[v.id] for v in node.inputs], params, out)
+            c.view_of = clones[node.view_of.id] if node.view_of is not None else None
+            out.node = c
+            nodes[id(node)] = c
+            self.nodes.append(c)
+        self.program: list[tuple] = []
+        for entry in rec.program:
+            if entry[0] == "op":
+                self.program.append(("op", nodes[id(entry[1])]))
+            elif entry[0] == "backward":
+                root = clones[entry[1].id]
+                self.program.append(("backward", root, [nodes[id(s)] for s in entry[2]]))
+        self.root = root
+
+
+class ShardRole:
+    """What Plan needs to know of its shard: the loss, its seed, where leaf gradients go."""
+
+    def __init__(self, root: Value, leaf_grads: dict[int, np.ndarray]) -> None:
+        self.root = root
+        self.seed = np.ones(root.shape, root.dtype)  # k_s / K, written before each replay
+        self.leaf_grads = leaf_grads
+
+
+class _Leaves:
+    """The leaves' slots, as lowering.flat_optimizer reads and writes them on a Plan."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.leaves = sorted(
+            (v for v in rec.values.values() if v.kind == "leaf"), key=lambda v: v.id
+        )
+        self.vals: list[Any] = [None] * len(rec.values)
+        self.grads: list[Any] = [None] * len(rec.values)
+
+
+# --- the sharded plan ----------------------------------------------------------------------------
+
+_POOL: list[Any] = []
+
+
+def _pool(workers: int) -> Any:
+    if not _POOL or _POOL[0]._max_workers < workers:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL[:] = [ThreadPoolExecutor(workers, thread_name_prefix="glassgrad-shard")]
+    return _POOL[0]
+
+
+def shard_count(fusion: bool | str, shards: int | None) -> int:
+    """Threads to shard over: `shards` if given, else the BLAS's thread count with fusion=True
+    (the fusion whose rounding may differ from eager's), else 1."""
+    if shards is not None:
+        if shards > 1 and fusion is not True:
+            raise ValueError(f"compile: shards={shards} needs fusion=True (got {fusion!r}): the "
+                             "shards' sums run in another order than eager's")  # fmt: skip
+        return max(int(shards), 1)
+    return blas_threads() if fusion is True else 1
+
+
+class ShardedPlan:
+    """A compiled step replayed as n shard plans on n threads, then the reduction and the rest."""
+
+    def __init__(self, rec: Recorder, result: Any, n: int, axes: dict[int, int | None]) -> None:
+        self.n = n
+        self.fusion = True
+        self.trace_s = self.plan_s = 0.0
+        self.batch = next(a for a in rec.args if isinstance(a, np.ndarray)).shape[0]
+        self.rows = self.batch // n
+        loss_node = next(e for e in rec.program if e[0] == "backward")[1].node
+        self.targets_index = next(
+            i for i, a in enumerate(rec.args) if a is loss_node.params["targets"]
+        )
+        self.ignore_index = loss_node.params.get("ignore_index", -100)
+        root = loss_node.out
+        returned = result_values(result, rec.values)
+        if any(v is not root for v in returned):
+            raise NotShardable("the step returns a tensor other than the loss")
+        self.loss = Tensor._make(np.zeros(root.shape, root.dtype), False)
+        self.outputs = {id(root.tensor): self.loss}
+        self._result_template = result
+        self.lines: list[str] = []
+        # Before the shards (zero_grad), after them (clip_grad_norm_, the optimizer), in order.
+        first_op = next(i for i, e in enumerate(rec.program) if e[0] != "call")
+        backward_at = next(i for i, e in enumerate(rec.program) if e[0] == "backward")
+        if any(e[0] not in ("op", "backward") for e in rec.program[first_op:backward_at]):
+            raise NotShardable("a call between the step's ops")
+        pre, post = rec.program[:first_op], rec.program[backward_at + 1 :]
+        # The optimizer's flat buffers first (parameters move there), then one plan per shard.
+        with_grad = leaves_with_grad(rec)
+        slots = _Leaves(rec)
+        optimizers = [e[1] for e in post if e[0] == "optimizer"]
+        fused = {id(o): lowering.flat_optimizer(slots, o, with_grad) for o in optimizers}
+        flat = [step.flat_grad for step in fused.values() if step is not None]
+        self.shards: list[Plan] = []
+        self.reduce: list[tuple[np.ndarray, np.ndarray]] = []  # (the gradient, a shard's part)
+        with_grad_leaves = [v for v in slots.leaves if v.id in with_grad]
+        real = {v.id: slots.grads[v.id] for v in with_grad_leaves if slots.grads[v.id] is not None}
+        real |= {v.id: np.empty(v.shape, v.dtype) for v in with_grad_leaves if v.id not in real}
+        for s in range(n):
+            grads = real if s == 0 else self._private_grads(real, flat)
+            trace = ShardTrace(rec, axes, n)
+            self.shards.append(Plan(trace, None, True, ShardRole(trace.root, grads)))
+        self.call_out: list[Any] = []
+        self._call_results: dict[int, int] = {}
+        self.pre = [self._post_step(e, fused) for e in pre]
+        leaves = [(v.tensor, real[v.id]) for v in slots.leaves if v.id in real]
+        self.post = [(lambda: [setattr(t, "grad", g) for t, g in leaves], "leaf .grad = its "
+                      "gradient buffer (the first shard's, the others added in)")]  # fmt: skip
+        self.post += [self._post_step(e, fused) for e in post]
+
+    def _private_grads(self, real: dict, flat: list[np.ndarray]) -> dict[int, np.ndarray]:
+        """Gradient buffers of a shard after the first, laid out like the real ones."""
+        copies = {id(f): np.empty_like(f) for f in flat}
+        for f in flat:
+            self.reduce.append((f, copies[id(f)]))
+        grads = {}
+        for vid, g in real.items():
+            base = next((f for f in flat if np.shares_memory(f, g)), None)
+            if base is None:
+                grads[vid] = np.empty_like(g)
+                self.reduce.append((g, grads[vid]))
+            else:
+                start = g.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+                start //= g.itemsize
+                grads[vid] = copies[id(base)][start : start + g.size].reshape(g.shape)
+        return grads
+
+    def _post_step(self, entry: tuple, fused: dict) -> tuple[Callable[[], Any], str]:
+        if entry[0] == "optimizer":
+            step = fused.get(id(entry[1]))
+            if step is None:
+                return entry[1].step, f"call      {type(entry[1]).__name__}.step (its own update)"
+            return step, f"fused     {step.note}"
+        _, name, fn, args, result = entry
+        index = len(self.call_out)
+        self.call_out.append(None)
+        self._call_results[id(result)] = index
+        return recorded_call(self.call_out, index, fn, args), f"call      {name}"
+
+    # --- replay -------------------------------------------------------------------------------
+    def still_valid(self) -> bool:
+        return all(plan.still_valid() for plan in self.shards)
+
+    def replay(self, args: tuple) -> Any:
+        self._seed(args[self.targets_index])
+        for step, _ in self.pre:
+            step()
+        with self.shards[0]._blas_limit_to_one():
+            self._parallel(lambda s: self._run_shard(s, args))
+            self._parallel(self._add_gradients)
+        np.copyto(self.loss.data, sum(float(p.shard.seed) * float(p.vals[p.shard.root.id])
+                                      for p in self.shards))  # fmt: skip
+        for step, _ in self.post:
+            step()
+        return self._result(self._result_template)
+
+    def _seed(self, targets: np.ndarray) -> None:
+        kept = [int(np.count_nonzero(targets[s * self.rows : (s + 1) * self.rows]
+                                     != self.ignore_index)) for s in range(self.n)]  # fmt: skip
+        total = sum(kept)
+        for plan, k in zip(self.shards, kept, strict=True):
+            plan.shard.seed[...] = k / total if total else 0.0
+
+    def _parallel(self, work: Callable[[int], None]) -> None:
+        others = [_pool(self.n - 1).submit(work, s) for s in range(1, self.n)]
+        try:
+            work(0)
+        finally:
+            for f in others:
+                f.result()
+
+    def _run_shard(self, s: int, args: tuple, timed: list | None = None) -> None:
+        rows = slice(s * self.rows, (s + 1) * self.rows)
+        plan = self.shards[s]
+        _common.THIS_THREAD.serial = True
+        try:
+            plan.load(tuple(a[rows] if isinstance(a, np.ndarray) else a for a in args))
+            if timed is None:
+                plan.run()
+            else:
+                for step in plan.program:
+                    start = time.perf_counter()
+                    step()
+                    timed.append(time.perf_counter() - start)
+        finally:
+            _common.THIS_THREAD.serial = False
+
+    def _add_gradients(self, part: int) -> None:
+        """Thread `part` adds its 1/n of every other shard's gradients into the real ones."""
+        for total, other in self.reduce:
+            size = total.size
+            lo, hi = part * size // self.n, (part + 1) * size // self.n
+            t, o = total.reshape(-1)[lo:hi], other.reshape(-1)[lo:hi]
+            np.add(t, o, out=t)
+
+    def _result(self, template: Any) -> Any:
+        if isinstance(template, Tensor):
+            return self.outputs.get(id(template), template)
+        if isinstance(template, (tuple, list)):
+            return type(template)(self._result(t) for t in template)
+        index = self._call_results.get(id(template))
+        return template if index is None else self.call_out[index]
+
+    def profile(self, args: tuple, reps: int = 5) -> list[tuple[float, str]]:
+        """(median ms, line) per step of the first shard (the others run beside it as usual),
+        then the reduction and the steps after the shards; slowest first."""
+        first = self.shards[0]
+        times: list[list[float]] = [[] for _ in first.program]
+        rest: list[list[float]] = [[] for _ in range(1 + len(self.post))]
+        for _ in range(reps):
+            self._seed(args[self.targets_index])
+            timed: list[float] = []
+            with first._blas_limit_to_one():
+                self._parallel(lambda s: self._run_shard(s, args, timed if s == 0 else None))
+                start = time.perf_counter()
+                self._parallel(self._add_gradients)
+                rest[0].append(time.perf_counter() - start)
+            for i, t in enumerate(timed):
+                times[i].append(t)
+            for i, (step, _) in enumerate(self.post):
+                start = time.perf_counter()
+                step()
+                rest[1 + i].append(time.perf_counter() - start)
+        lines = [*first.lines, "reduce    the other shards' gradients", *(l for _, l in self.post)]
+        rows = [
+            (1e3 * float(np.median(t)), line) for t, line in zip(times + rest, lines, strict=True)
+        ]
+        return sorted(rows, reverse=True)
+
+    def describe(self) -> str:
+        mib = 1 << 20
+        head = (f"compiled step, sharded over {self.n} threads along the batch ({self.batch} "
+                f"rows, {self.rows} per shard); traced in {self.trace_s:.2f} s, planned in "
+                f"{self.plan_s:.2f} s")  # fmt: skip
+        arena = sum(p.arena.nbytes for p in self.shards)
+        private = sum(o.nbytes for _, o in self.reduce)
+        return "\n".join([
+            head,
+            *(line for _, line in self.pre),
+            f"each shard, on its own thread (BLAS on 1 thread, serial Numba kernels):",
+            *("  " + line for line in self.shards[0].describe().splitlines()),
+            f"reduce    the other shards' gradients into the first's ({private / mib:.1f} MiB)",
+            *(line for _, line in self.post),
+            f"arenas: {arena / mib:.1f} MiB in all",
+        ])  # fmt: skip
+
+
+def sharded_plan(rec: Recorder, result: Any, fusion: bool | str, shards: int | None) -> Any:
+    """A ShardedPlan, or (None, why not) when the step stays whole."""
+    n = shard_count(fusion, shards)
+    if n < 2:
+        return None, "one thread" if fusion is True else f"fusion={fusion!r}"
+    try:
+        axes = batch_axes(rec, n)
+        return ShardedPlan(rec, result, n, axes), None
+    except NotShardable as exc:
+        return None, str(exc)
+
+
+__all__ = ["NotShardable", "ShardedPlan", "batch_axes", "shard_count", "sharded_plan"]
