@@ -399,7 +399,7 @@ class ShardedPlan:
             self._seed(args[self.targets_index])
             timed: list[float] = []
             with first._blas_limit_to_one():
-                self._parallel(lambda s: self._run_shard(s, args, timed if s == 0 else None))
+                self._parallel(lambda s, t=timed: self._run_shard(s, args, t if s == 0 else None))
                 start = time.perf_counter()
                 self._parallel(self._add_gradients)
                 rest[0].append(time.perf_counter() - start)
@@ -425,7 +425,7 @@ class ShardedPlan:
         return "\n".join([
             head,
             *(line for _, line in self.pre),
-            f"each shard, on its own thread (BLAS on 1 thread, serial Numba kernels):",
+            "each shard, on its own thread (BLAS on 1 thread, serial Numba kernels):",
             *("  " + line for line in self.shards[0].describe().splitlines()),
             f"reduce    the other shards' gradients into the first's ({private / mib:.1f} MiB)",
             *(line for _, line in self.post),
