@@ -273,6 +273,9 @@ class ShardedPlan:
         if any(e[0] not in ("op", "backward") for e in rec.program[first_op:backward_at]):
             raise NotShardable("a call between the step's ops")
         pre, post = rec.program[:first_op], rec.program[backward_at + 1 :]
+        for v in rec.values.values():  # the traced call's arrays: free them before the buffers
+            if v.kind != "leaf":
+                v.tensor = None
         # The optimizer's flat buffers first (parameters move there), then one plan per shard.
         with_grad = leaves_with_grad(rec)
         slots = _Leaves(rec)
