@@ -10,7 +10,10 @@ array([[2., 2., 2.],
        [2., 2., 2.]], dtype=float32)
 """
 
-from autograd import trace  # noqa: F401  (registers the tracer of backward(trace=True))
+from autograd import (
+    shard,  # noqa: F401  (autograd.shard.ShardedPlan, for isinstance checks)
+    trace,  # noqa: F401  (registers the tracer of backward(trace=True))
+)
 from autograd.anomaly import AnomalyError, detect_anomaly
 from autograd.compiler import compile
 from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck, gradgradcheck

@@ -121,8 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--ddp", action="store_true", help="data parallel over MPI ranks (run under mpiexec)")
     add(
         "--compile",
-        action="store_true",
-        help="replay the step through autograd.compile (traced once); default: eager steps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replay the step through autograd.compile (traced once; the default); "
+        "--no-compile runs every step eagerly",
     )
     return p
 
@@ -430,12 +432,12 @@ def train(
     after_backward: GradHook | None = None,
     stop: threading.Event | None = None,
     replicas: Replicas = SINGLE_PROCESS,
-    compile: bool = False,
+    compile: bool = True,
 ) -> dict[str, Any]:
     """Run (or continue) training with resolved settings; returns the history dict.
 
-    compile: replay the step through autograd.compile (one process, no after_backward hook;
-    otherwise, or with compile=False, every step runs eagerly).
+    compile: replay the step through autograd.compile (the default; one process, no
+    after_backward hook); with compile=False, several ranks or a hook, every step runs eagerly.
 
     history: "step"/"loss"/"lr" per step, "eval_step"/"eval_train"/"eval_val" per evaluation,
     "baseline" (unigram val loss), "interrupted", "tokens_per_s", "seconds", "world_size",

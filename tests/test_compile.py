@@ -305,3 +305,96 @@ def test_create_graph_and_autograd_grad_with_arguments_are_refused():
         w.grad = None
         with pytest.raises(TraceError, match="create_graph|autograd.grad"):
             autograd.compile(step)(np.ones(3))
+
+
+# --- batch sharding (autograd/shard.py) -------------------------------------------------------
+
+
+def _sharded_run(dtype, shards=2, rows=4, steps=STEPS):
+    """As _run, on batches of `rows` rows whose first row ignores three targets (the shards then
+    keep different numbers of targets, so their losses must be weighted, not averaged)."""
+    m1, o1, eager = _setup(dtype)
+    m2, o2, step = _setup(dtype)
+    compiled = autograd.compile(step, shards=shards)
+    rng = np.random.default_rng(2)
+    losses = {"eager": [], "compiled": []}
+    for _ in range(steps):
+        d = rng.integers(0, 17, size=(rows, 17))
+        x, y = d[:, :-1], d[:, 1:].copy()
+        y[0, :3] = -100
+        for name, fn in (("eager", eager), ("compiled", compiled)):
+            losses[name].append(fn(x, y)[0].item())
+    return losses, m1.state_dict(), m2.state_dict(), compiled.plan_for(x, y)
+
+
+def test_sharded_replay_float64_within_1e_12():
+    losses, p1, p2, plan = _sharded_run(np.float64)
+    assert isinstance(plan, autograd.shard.ShardedPlan) and plan.n == 2
+    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-12)
+    for name in p1:
+        assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
+
+
+def test_sharded_replay_float32_within_the_measured_bound():
+    losses, p1, p2, plan = _sharded_run(np.float32, shards=4, rows=8)
+    assert isinstance(plan, autograd.shard.ShardedPlan) and plan.n == 4
+    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=FLOAT32_LOSS_BOUND)
+    for name in p1:
+        assert _norm_relative(p2[name], p1[name]) <= FLOAT32_PARAM_BOUND, name
+
+
+def test_sharding_without_the_gradient_reduction_is_caught(monkeypatch):
+    # The test of the test: drop the other shard's gradients, or average the shards' losses
+    # instead of weighting them by their kept targets, and the comparison must fail.
+    monkeypatch.setattr(autograd.shard.ShardedPlan, "_add_gradients", lambda self, part: None)
+    losses, p1, p2, _ = _sharded_run(np.float64, steps=3)
+    assert not np.allclose(losses["compiled"][1:], losses["eager"][1:], rtol=1e-6)
+
+
+def test_sharding_with_averaged_shard_losses_is_caught(monkeypatch):
+    def averaged(self, targets):
+        for plan in self.shards:
+            plan.shard.seed[...] = 1 / self.n
+
+    monkeypatch.setattr(autograd.shard.ShardedPlan, "_seed", averaged)
+    losses, p1, p2, _ = _sharded_run(np.float64, steps=3)
+    assert not np.allclose(losses["compiled"], losses["eager"], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "case, reason",
+    [("dropout", "Dropout"), ("odd batch", "divisible by 2"), ("returns logits", "other than")],
+)
+def test_a_step_that_is_not_row_separable_stays_whole(case, reason):
+    model, optimizer, _ = _setup(np.float64, dropout=0.1 if case == "dropout" else 0.0)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        logits, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        return (loss, logits) if case == "returns logits" else loss
+
+    compiled = autograd.compile(step, shards=2)
+    x = np.random.default_rng(0).integers(0, 17, size=(3 if case == "odd batch" else 4, 16))
+    y = x.copy()
+    loss = compiled(x, y)
+    plan = compiled.plan_for(x, y)
+    assert isinstance(plan, plan_module.Plan) and reason in plan.unsharded
+    assert "not sharded: " + plan.unsharded in plan.describe()
+    assert np.isfinite((loss[0] if isinstance(loss, tuple) else loss).item())
+
+
+def test_shards_need_fusion_on():
+    with pytest.raises(ValueError, match="shards=2 needs fusion=True"):
+        autograd.compile(lambda x: x, fusion="exact", shards=2)
+
+
+def test_shards_run_serial_kernels_and_print_their_plan():
+    losses, _, _, plan = _sharded_run(np.float64, steps=2)
+    text = plan.describe()
+    assert "sharded over 2 threads along the batch (4 rows, 2 per shard)" in text
+    assert "reduce    the other shards' gradients" in text and "AdamW fused" in text
+    from autograd.kernels import _common
+
+    assert _common.THIS_THREAD.serial is False  # reset on the calling thread after a replay

@@ -165,15 +165,23 @@ def test_first_ctrl_c_requests_a_stop_second_interrupts():
     assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_the_command_line_compiles_by_default(data_file, tmp_path):
+    parser = loop.build_parser()
+    args = ["--data", str(data_file), "--out", str(tmp_path)]
+    assert parser.parse_args(args).compile is True
+    assert parser.parse_args([*args, "--no-compile"]).compile is False
+
+
 def test_bad_settings_are_refused(data_file, tmp_path):
     with pytest.raises(SystemExit, match="--steps must be >= 1"):
         train.main(["--data", str(data_file), "--out", str(tmp_path), "--steps", "0"])
 
 
 def test_compiled_run_follows_the_eager_run(data_file, tmp_path):
-    # --compile replays the step through autograd.compile(fusion="exact"), which keeps eager's
-    # arithmetic: the losses are the eager run's, bit for bit (so --resume may mix the two)
-    eager = loop.train(tiny_settings(data_file, tmp_path / "eager"), quiet=True)
-    compiled = loop.train(tiny_settings(data_file, tmp_path / "compiled"), quiet=True, compile=True)
+    # The default (--compile) replays the step through autograd.compile(fusion="exact"), which
+    # keeps eager's arithmetic: the losses are --no-compile's, bit for bit (so --resume may mix
+    # the two)
+    eager = loop.train(tiny_settings(data_file, tmp_path / "eager"), quiet=True, compile=False)
+    compiled = loop.train(tiny_settings(data_file, tmp_path / "compiled"), quiet=True)
     assert compiled["compiled"] and not eager.get("compiled")
     assert compiled["loss"] == eager["loss"]
