@@ -178,15 +178,13 @@ def _layer_norm_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
 def _gelu_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     from autograd.kernels import gelu
 
-    # tanh(u) goes to a scratch buffer: the backward recomputes it from x (one more pass, but
-    # no (B, T, 4C) array kept per layer between the forward and the backward)
+    # y only: the backward recomputes tanh(u) from x (no (B, T, 4C) array of t written here or
+    # kept per layer between the forward and the backward)
     vals, x = plan.vals, node.inputs[0].id
-    t = plan.arena.take(out.shape, out.dtype)
-    plan.release_at.setdefault(plan.pos_f[id(node)], []).append(t)
-    flat_out, flat_t = out.reshape(-1), t.reshape(-1)
+    flat_out = out.reshape(-1)
     s, a_s, _ = gelu.constants(out.dtype)
     return (
-        lambda: gelu._gelu_values(out.size, vals[x].reshape(-1), flat_out, flat_t, s, a_s)
+        lambda: gelu._gelu_output(out.size, vals[x].reshape(-1), flat_out, s, a_s)
     ), "Numba kernel into out"
 
 
@@ -392,22 +390,16 @@ def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
     from autograd.kernels import gelu
 
     vals, g, x = plan.vals, plan.grads[node.out.id], node.inputs[0]
-    # scratch for the recomputed forward (by now the GELU output is dead: the buffers it and
-    # its product's backward used are back in the pool)
-    y, t = plan.arena.take((g.size,), g.dtype), plan.arena.take((g.size,), g.dtype)
-    plan.release_at.setdefault(position, []).extend([y, t])
     gx, post = plan.contribution(x, (g.size,), position)
     g1 = g.reshape(-1)
     s, a_s, a3_s = gelu.constants(g.dtype)
 
     def run() -> None:
-        x1 = vals[x.id].reshape(-1)
-        gelu._gelu_values(g.size, x1, y, t, s, a_s)  # tanh(u) again, as the forward made it
-        gelu._gelu_grads(g.size, g1, x1, t, gx, s, a3_s)
+        gelu._gelu_grads_of_x(g.size, g1, vals[x.id].reshape(-1), gx, s, a_s, a3_s)
         if post is not None:
             post()
 
-    return run, "recomputes tanh(u), then the Numba kernel into the gradient buffer"
+    return run, "one Numba pass: tanh(u) recomputed from x, into the gradient buffer"
 
 
 def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:

@@ -11,10 +11,11 @@ of a non-positive number: tanh(u) = sign(u) (1 - z) / (1 + z), z = exp(-2 |u|).
 
 import math
 
+import numba
 import numpy as np
 from numba import prange
 
-from ._common import Kernel, float_array, same_shape
+from ._common import FASTMATH, Kernel, float_array, same_shape
 from ._exp import exp
 
 S = math.sqrt(2.0 / math.pi)
@@ -73,18 +74,33 @@ def gelu_backward_numpy(gy, x, t):
 # ---------------------------------------------------------------------------------------------
 
 
+@numba.njit(error_model="numpy", fastmath=FASTMATH)
+def _tanh_u(xi, s, a_s, one, two):
+    """t = tanh(s (x + 0.044715 x^3)) through exp(-2|u|) <= 1 (one home for every loop below)."""
+    u = xi * (s + a_s * xi * xi)
+    z = exp(-two * abs(u))
+    th = (one - z) / (one + z)
+    return -th if u < 0 else th
+
+
 @Kernel
 def _gelu_values(x, y, t, s, a_s):
     # s = sqrt(2/pi) and a_s = 0.044715 s come in x's dtype: float32 input is computed in float32
     one, two, half = x.dtype.type(1.0), x.dtype.type(2.0), x.dtype.type(0.5)
     for i in prange(x.size):
         xi = x[i]
-        u = xi * (s + a_s * xi * xi)
-        z = exp(-two * abs(u))
-        th = (one - z) / (one + z)
-        th = -th if u < 0 else th
+        th = _tanh_u(xi, s, a_s, one, two)
         t[i] = th
         y[i] = half * xi * (one + th)
+
+
+@Kernel
+def _gelu_output(x, y, s, a_s):
+    # y only (a compiled step's forward: its backward recomputes t from x, see _gelu_grads_of_x)
+    one, two, half = x.dtype.type(1.0), x.dtype.type(2.0), x.dtype.type(0.5)
+    for i in prange(x.size):
+        xi = x[i]
+        y[i] = half * xi * (one + _tanh_u(xi, s, a_s, one, two))
 
 
 @Kernel
@@ -92,6 +108,17 @@ def _gelu_grads(gy, x, t, gx, s, a3_s):
     one, half = x.dtype.type(1.0), x.dtype.type(0.5)
     for i in prange(x.size):
         xi, ti = x[i], t[i]
+        du = s + a3_s * xi * xi
+        gx[i] = gy[i] * (half * (one + ti) + half * xi * (one - ti * ti) * du)
+
+
+@Kernel
+def _gelu_grads_of_x(gy, x, gx, s, a_s, a3_s):
+    # _gelu_grads with t recomputed from x in the same pass (one read of x, no t array)
+    one, two, half = x.dtype.type(1.0), x.dtype.type(2.0), x.dtype.type(0.5)
+    for i in prange(x.size):
+        xi = x[i]
+        ti = _tanh_u(xi, s, a_s, one, two)
         du = s + a3_s * xi * xi
         gx[i] = gy[i] * (half * (one + ti) + half * xi * (one - ti * ti) * du)
 
