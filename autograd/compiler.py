@@ -86,7 +86,8 @@ class CompiledStep:
         recorder = Recorder(args)
         hooks.RECORDER = recorder
         try:
-            with single_threaded_blas(self.fusion):  # as the replay runs (see Plan.replay)
+            # "exact": BLAS on one thread, as its split products run (see Plan.replay)
+            with single_threaded_blas(self.fusion == "exact"):
                 result = self.step_fn(*args)
         finally:
             hooks.RECORDER = None

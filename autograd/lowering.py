@@ -504,16 +504,22 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
     step_count = [steps.pop()]
     s = dtype.type
 
-    def run() -> None:
-        step_count[0] += 1
-        t = step_count[0]
+    def update(part: int = 0, parts: int = 1) -> None:
+        """The update of part `part` of `parts` equal pieces of every group (a batch-sharded
+        step runs the pieces on its threads, autograd/shard.py); step() counts the step."""
+        t = step_count[0] + 1
         for group, where in ranges:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            size = where.stop - where.start
+            piece = slice(
+                where.start + part * size // parts, where.start + (part + 1) * size // parts
+            )
             kernel(
-                flat["param"][where],
-                flat["grad"][where],
-                flat["exp_avg"][where],
-                flat["exp_avg_sq"][where],
+                piece.stop - piece.start,
+                flat["param"][piece],
+                flat["grad"][piece],
+                flat["exp_avg"][piece],
+                flat["exp_avg_sq"][piece],
                 s(1.0 - lr * wd if decoupled else 1.0),
                 s(0.0 if decoupled else wd),
                 s(b1),
@@ -524,9 +530,17 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
                 s(eps),
                 s(lr / (1.0 - b1**t)),
             )
-        for p in params:
-            optimizer.state[p]["step"] = t
 
+    def count() -> None:
+        step_count[0] += 1
+        for p in params:
+            optimizer.state[p]["step"] = step_count[0]
+
+    def run() -> None:
+        update()
+        count()
+
+    run.update, run.count = update, count
     run.flat_grad = flat["grad"]  # a batch-sharded step adds the other shards' gradients here
     run.note = (
         f"{type(optimizer).__name__} fused: one Numba loop over a flat buffer of "
@@ -535,26 +549,7 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
     return run
 
 
-_ADAM = None
-
-
 def _adam_kernel() -> Any:
-    """Eager Adam(W)'s arithmetic for one element, each operation rounded in the dtype."""
-    global _ADAM
-    if _ADAM is None:
-        import numba
+    from autograd.kernels import adam  # imports Numba: only when a step is planned
 
-        @numba.njit(parallel=True, cache=True)
-        def adam(p, g, m, v, decay, l2, b1, one_b1, b2, one_b2, root_c2, eps, step_size):
-            for i in numba.prange(p.size):
-                gi = g[i] + l2 * p[i] if l2 != 0 else g[i]
-                pi = p[i] * decay
-                mi = m[i] * b1 + one_b1 * gi
-                vi = v[i] * b2 + one_b2 * (gi * gi)
-                denom = np.sqrt(vi) / root_c2 + eps
-                m[i] = mi
-                v[i] = vi
-                p[i] = pi - (mi / denom) * step_size
-
-        _ADAM = adam
-    return _ADAM
+    return adam.adam_update

@@ -321,7 +321,12 @@ class ShardedPlan:
             step = fused.get(id(entry[1]))
             if step is None:
                 return entry[1].step, f"call      {type(entry[1]).__name__}.step (its own update)"
-            return step, f"fused     {step.note}"
+
+            def update(step: Any = step) -> None:  # 1/n of every group on each thread
+                self._parallel(lambda part: self._serially(step.update, part, self.n))
+                step.count()
+
+            return update, f"fused     {step.note}, on {self.n} threads"
         _, name, fn, args, result = entry
         index = len(self.call_out)
         self.call_out.append(None)
@@ -373,6 +378,15 @@ class ShardedPlan:
                     start = time.perf_counter()
                     step()
                     timed.append(time.perf_counter() - start)
+        finally:
+            _common.THIS_THREAD.serial = False
+
+    @staticmethod
+    def _serially(fn: Callable, *args: Any) -> None:
+        """fn(*args) with this thread's kernels in their serial builds (no Numba threads)."""
+        _common.THIS_THREAD.serial = True
+        try:
+            fn(*args)
         finally:
             _common.THIS_THREAD.serial = False
 

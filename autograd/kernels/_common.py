@@ -73,7 +73,7 @@ class Kernel:
     Numba is imported here, on first use, so that importing this module stays Numba-free.
     """
 
-    def __init__(self, fn):
+    def __init__(self, fn, fastmath=FASTMATH):
         import numba  # here, not at the top: see the module docstring
 
         # A renamed copy of the function: Numba's on-disk cache files are named after the
@@ -88,7 +88,7 @@ class Kernel:
         # ZeroDivisionError check per division, a branch that stops LLVM from vectorising the
         # loop (the GELU forward ran 6x slower with it). nogil: threads of a batch-sharded step
         # run kernels side by side.
-        options = {"cache": True, "fastmath": FASTMATH, "error_model": "numpy", "nogil": True}
+        options = {"cache": True, "fastmath": fastmath, "error_model": "numpy", "nogil": True}
         self.parallel = numba.njit(parallel=True, **options)(fn)
         self.serial = numba.njit(parallel=False, **options)(serial)
 
