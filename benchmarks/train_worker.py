@@ -121,8 +121,12 @@ def _import_framework(framework: str) -> None:
     several hundred MiB)."""
     if framework.startswith("glassgrad"):
         import autograd.functional  # noqa: F401
-        import autograd.kernels.attention  # noqa: F401  (imports Numba)
+        import autograd.kernels
         import models.gpt  # noqa: F401
+
+        # Numba's compiler starts here, with the imports (as torch's libraries load with its
+        # import), not inside the first step's trace + plan figure
+        autograd.kernels.load_numba()
         import nn  # noqa: F401
     elif framework.startswith("torch"):
         import benchmarks.torch_ref  # noqa: F401  (imports torch)

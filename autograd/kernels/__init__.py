@@ -83,6 +83,21 @@ KERNELS: dict[str, Kernel] = {
 }
 
 
+def load_numba():
+    """Start Numba's compiler once (~0.7 s per process: its target and registries), by calling
+    one cached kernel; otherwise the first kernel call of a process pays it. Returns seconds."""
+    import time
+
+    import numpy as np
+
+    from . import gelu
+
+    start = time.perf_counter()
+    x = np.zeros(1, np.float32)
+    gelu._gelu_output.serial(x, x.copy(), np.float32(1.0), np.float32(1.0))
+    return time.perf_counter() - start
+
+
 def _checked(name):
     if name not in BACKENDS:
         raise ValueError(f"unknown kernel backend {name!r}; valid backends: {', '.join(BACKENDS)}")
@@ -191,6 +206,7 @@ def attention_backward(q, k, v, o, lse, go, causal=True):
 
 
 __all__ = [
+    "load_numba",
     "BACKENDS",
     "KERNELS",
     "Kernel",
