@@ -409,10 +409,6 @@ class Plan:
             return contextlib.nullcontext()
         return self.blas.limit(limits=1, user_api="blas")
 
-    def _blas_limit_to_one(self) -> Any:
-        """BLAS single-threaded (the shards of a batch-sharded step run side by side)."""
-        return single_threaded_blas(True)
-
     def _result(self, template: Any) -> Any:
         if isinstance(template, Tensor):
             return self.outputs.get(id(template), template)
@@ -451,6 +447,15 @@ def single_threaded_blas(fusion: bool) -> Any:
     if controller is None:
         return contextlib.nullcontext()
     return controller.limit(limits=1, user_api="blas")
+
+
+def one_blas_thread() -> Callable[[], Any]:
+    """A function returning a context with BLAS on one thread (threadpoolctl's controller is
+    found once, here: finding it scans the loaded libraries, ~2 ms); a no-op without it."""
+    controller = _blas_controller()
+    if controller is None:
+        return contextlib.nullcontext
+    return lambda: controller.limit(limits=1, user_api="blas")
 
 
 def blas_threads() -> int:
@@ -496,4 +501,12 @@ def _shape(v: Value) -> str:
     return f"{tuple(v.shape)} {v.dtype}"
 
 
-__all__ = ["Arena", "Plan", "blas_threads", "leaves_with_grad", "recorded_call", "result_values"]
+__all__ = [
+    "Arena",
+    "Plan",
+    "blas_threads",
+    "one_blas_thread",
+    "leaves_with_grad",
+    "recorded_call",
+    "result_values",
+]

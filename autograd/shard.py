@@ -41,7 +41,14 @@ import numpy as np
 from autograd import functional as F
 from autograd import lowering, ops
 from autograd.kernels import _common
-from autograd.plan import Plan, blas_threads, leaves_with_grad, recorded_call, result_values
+from autograd.plan import (
+    Plan,
+    blas_threads,
+    leaves_with_grad,
+    one_blas_thread,
+    recorded_call,
+    result_values,
+)
 from autograd.recorder import Node, Recorder, Value
 from autograd.tensor import Tensor
 
@@ -251,6 +258,7 @@ class ShardedPlan:
     def __init__(self, rec: Recorder, result: Any, n: int, axes: dict[int, int | None]) -> None:
         self.n = n
         self.fusion = True
+        self.blas = one_blas_thread()  # made once: finding the BLAS libraries takes ~2 ms
         self.trace_s = self.plan_s = 0.0
         self.batch = next(a for a in rec.args if isinstance(a, np.ndarray)).shape[0]
         self.rows = self.batch // n
@@ -341,7 +349,7 @@ class ShardedPlan:
         self._seed(args[self.targets_index])
         for step, _ in self.pre:
             step()
-        with self.shards[0]._blas_limit_to_one():
+        with self.blas():
             self._parallel(lambda s: self._run_shard(s, args))
             self._parallel(self._add_gradients)
         np.copyto(self.loss.data, sum(float(p.shard.seed) * float(p.vals[p.shard.root.id])
@@ -415,7 +423,7 @@ class ShardedPlan:
         for _ in range(reps):
             self._seed(args[self.targets_index])
             timed: list[float] = []
-            with first._blas_limit_to_one():
+            with self.blas():
                 self._parallel(lambda s, t=timed: self._run_shard(s, args, t if s == 0 else None))
                 start = time.perf_counter()
                 self._parallel(self._add_gradients)
