@@ -404,11 +404,12 @@ def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
 
 def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
     # gv = P^T g;  dS = P (dP - rowsum(P dP)), dP = g v^T;  gq = dS k scale;  gk = dS^T q scale
-    from autograd.kernels import softmax
+    from autograd.kernels import attention
 
     vals, g, matmul = plan.vals, plan.grads[node.out.id], plan.matmul
     q, k, v = node.inputs
     probs, scale = node.stats
+    causal = bool(node.params.get("causal", True))
     dp = plan.arena.take(probs.shape, probs.dtype)
     plan.release_at.setdefault(position, []).append(dp)
     rows = probs.size // probs.shape[-1]
@@ -436,7 +437,7 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
 
     def run() -> None:
         matmul(g, vals[v.id].swapaxes(-1, -2), dp)
-        softmax._softmax_backward_rows(dp.size, p2, dp2, dp2)  # in place: dS / scale
+        attention._probs_backward(dp.size, p2, dp2, causal)  # in place: dS / scale
         for step, post in steps:
             step()
             if post is not None:

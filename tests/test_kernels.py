@@ -620,3 +620,23 @@ def test_every_kernel_is_in_the_one_table():
         assert implemented == registered, topic
         for name in registered:
             assert callable(getattr(module, f"{name}_numpy")), f"{name} has no numpy reference"
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [True, False])
+def test_fused_attention_probs_backward_matches_the_softmax_backward(dt, causal):
+    # attention._probs_backward (the compiled step's fused attention) is the softmax backward of
+    # each row of the kept P, reading only the allowed keys and writing 0 in the masked future
+    rng = np.random.default_rng(0)
+    heads, t = 3, 37  # not a multiple of the 8 vector lanes
+    p = softmax.softmax_forward_numpy(rng.standard_normal((heads * t, t)).astype(dt))
+    if causal:
+        p = np.where(np.tril(np.ones((t, t), bool))[None].repeat(heads, 0).reshape(-1, t), p, 0)
+        p /= p.sum(axis=-1, keepdims=True)
+    dp = rng.standard_normal(p.shape).astype(dt)
+    want = softmax.softmax_backward_numpy(p, dp)
+    got = dp.copy()
+    attention._probs_backward.serial(p, got, causal)
+    assert_close(got, want, dt, 3)
+    if causal:
+        assert not np.triu(got.reshape(heads, t, t), 1).any()

@@ -40,6 +40,7 @@ from numba import prange
 
 from ._common import Kernel, float_array
 from ._exp import exp
+from .softmax import _max
 
 # Query rows per block of the fast path. Any positive value is correct (tests shrink it to cross
 # block edges on small inputs); measured in docs/kernels.md.
@@ -135,15 +136,15 @@ def _probs_forward(s, scale, causal, first, lse, i0):
         bh, r = task // n, task % n
         row = s[bh, r]
         end = min(width, first + r + 1) if causal else width
-        m = row[0]
-        for j in range(1, end):
-            m = max(m, row[j])
-        total = 0.0  # float64 sum, also for float32 rows
+        m = _max(row[:end])
+        # the sum in the row dtype, over LLVM's vector lanes (reassoc): a float64 sum of float32
+        # values converts each one and ran the whole kernel 1.4x slower
+        total = row.dtype.type(0.0)
         for j in range(end):
             e = exp((row[j] - m) * scale)  # scale > 0, so the max of the scaled row is m*scale
             row[j] = e
             total += e
-        inv = row.dtype.type(1.0 / total)  # in the row dtype: no per-value conversion
+        inv = row.dtype.type(1.0) / total
         for j in range(end):
             row[j] = row[j] * inv
         row[end:] = 0
@@ -168,6 +169,26 @@ def _ds_backward(s, dp, lse, di, scale, causal, first, i0):
             drow[j] = p * (drow[j] - row_di) * scale
         srow[end:] = 0
         drow[end:] = 0
+
+
+@Kernel
+def _probs_backward(p, dp, causal):
+    """In place: dp (= go v^T) -> dS / scale = P (dP - rowsum(P dP)), row by row (notes 10.5).
+
+    p and dp are (rows, T) for self-attention (Tq = Tk) with P kept; when causal, row r (query
+    r % T) reads only its keys j <= r % T and the masked future is set to 0 (where P is 0).
+    The compiled step's fused attention backward (autograd/lowering.py).
+    """
+    rows, width = p.shape
+    for r in prange(rows):
+        end = r % width + 1 if causal else width
+        d = dp.dtype.type(0.0)  # in the row dtype, over vector lanes (as _probs_forward)
+        for j in range(end):
+            d += p[r, j] * dp[r, j]
+        for j in range(end):
+            dp[r, j] = p[r, j] * (dp[r, j] - d)
+        for j in range(end, width):
+            dp[r, j] = 0
 
 
 @Kernel

@@ -140,23 +140,29 @@ def _max(row):
     float32 input). NaN entries are skipped unless row[0] is NaN; either way a row with a NaN
     becomes NaN later, through exp(NaN - m).
 
-    A max over 16 independent lanes: the compare-and-select of each lane does not depend on
-    the others, so LLVM vectorises it (a single running max is one long dependency chain that
-    it may not reorder without assuming "no NaN"); 2x faster on long rows.
+    A max over 8 independent running maxima: the compare-and-select of each does not depend on
+    the others, so LLVM vectorises them (a single running max is one long dependency chain that
+    it may not reorder without assuming "no NaN"); 2x faster than one chain on 128-wide rows.
     """
-    lanes = np.full(16, -np.inf, row.dtype)
-    n16 = row.size - row.size % 16
-    for j0 in range(0, n16, 16):
-        for lane in range(16):
-            v = row[j0 + lane]
-            lanes[lane] = v if v > lanes[lane] else lanes[lane]
-    m = row[0]
-    for lane in range(16):
-        if lanes[lane] > m:
-            m = lanes[lane]
-    for j in range(n16, row.size):
-        if row[j] > m:
-            m = row[j]
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[0]
+    n8 = row.size - row.size % 8
+    for j in range(0, n8, 8):
+        v0, v1, v2, v3 = row[j], row[j + 1], row[j + 2], row[j + 3]
+        v4, v5, v6, v7 = row[j + 4], row[j + 5], row[j + 6], row[j + 7]
+        m0 = v0 if v0 > m0 else m0
+        m1 = v1 if v1 > m1 else m1
+        m2 = v2 if v2 > m2 else m2
+        m3 = v3 if v3 > m3 else m3
+        m4 = v4 if v4 > m4 else m4
+        m5 = v5 if v5 > m5 else m5
+        m6 = v6 if v6 > m6 else m6
+        m7 = v7 if v7 > m7 else m7
+    for j in range(n8, row.size):
+        v = row[j]
+        m0 = v if v > m0 else m0
+    m = row[0]  # NaN-skipping merge: a lane that stayed NaN (row[0] NaN) gives NaN only then
+    for lane in (m0, m1, m2, m3, m4, m5, m6, m7):
+        m = lane if lane > m else m
     return m
 
 
