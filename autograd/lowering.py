@@ -306,7 +306,11 @@ def _linear_backward(plan: Any, node: Any, position: int) -> Lowered:
         steps.append((weight, post))
     if bias is not None and bias.requires_grad:
         gb, post = plan.contribution(bias, bias.shape, position)
-        steps.append((lambda gb=gb: np.sum(g2, axis=0, out=gb), post))
+        if plan.fusion is True:  # as a product with ones: 3x faster than the sum over rows
+            ones = np.ones(n, g2.dtype)
+            steps.append((lambda gb=gb: np.matmul(ones, g2, out=gb), post))
+        else:  # eager's sum (its order of additions)
+            steps.append((lambda gb=gb: np.sum(g2, axis=0, out=gb), post))
 
     def run() -> None:
         for step, post in steps:
