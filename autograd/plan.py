@@ -410,12 +410,7 @@ class Plan:
         return self.blas.limit(limits=1, user_api="blas")
 
     def _result(self, template: Any) -> Any:
-        if isinstance(template, Tensor):
-            return self.outputs.get(id(template), template)
-        if isinstance(template, (tuple, list)):
-            return type(template)(self._result(t) for t in template)
-        index = self._call_results.get(id(template))
-        return template if index is None else self.call_out[index]
+        return step_result(template, self.outputs, self._call_results, self.call_out)
 
     # --- the printout -------------------------------------------------------------------------
     def describe(self) -> str:
@@ -488,6 +483,17 @@ def leaves_with_grad(rec: Recorder) -> set[int]:
             for node in entry[2]:
                 found |= {v.id for v in node.inputs if v.kind == "leaf" and v.requires_grad}
     return found
+
+
+def step_result(template: Any, outputs: dict, call_results: dict, call_out: list) -> Any:
+    """What the traced call returned, with its tensors replaced by this replay's (`outputs`, by
+    the traced tensor's id) and the results of recorded calls by this replay's (`call_out`)."""
+    if isinstance(template, Tensor):
+        return outputs.get(id(template), template)
+    if isinstance(template, (tuple, list)):
+        return type(template)(step_result(t, outputs, call_results, call_out) for t in template)
+    index = call_results.get(id(template))
+    return template if index is None else call_out[index]
 
 
 def recorded_call(out: list, index: int, fn: Callable, args: tuple) -> Callable[[], None]:

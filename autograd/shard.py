@@ -48,6 +48,7 @@ from autograd.plan import (
     one_blas_thread,
     recorded_call,
     result_values,
+    step_result,
 )
 from autograd.recorder import Node, Recorder, Value
 from autograd.tensor import Tensor
@@ -407,12 +408,7 @@ class ShardedPlan:
             np.add(t, o, out=t)
 
     def _result(self, template: Any) -> Any:
-        if isinstance(template, Tensor):
-            return self.outputs.get(id(template), template)
-        if isinstance(template, (tuple, list)):
-            return type(template)(self._result(t) for t in template)
-        index = self._call_results.get(id(template))
-        return template if index is None else self.call_out[index]
+        return step_result(template, self.outputs, self._call_results, self.call_out)
 
     def profile(self, args: tuple, reps: int = 5) -> list[tuple[float, str]]:
         """(median ms, line) per step of the first shard (the others run beside it as usual),
