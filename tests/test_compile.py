@@ -398,3 +398,34 @@ def test_shards_run_serial_kernels_and_print_their_plan():
     from autograd.kernels import _common
 
     assert _common.THIS_THREAD.serial is False  # reset on the calling thread after a replay
+
+
+def test_sharded_replay_with_an_optimizer_that_is_not_fused():
+    # SGD with momentum replays its own step() after the shards, on the summed gradients
+    autograd.set_default_dtype(np.float64)
+    config = GPTConfig(vocab_size=17, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    runs = []
+    for shards in (None, 2):
+        model = GPT(config, rng=np.random.default_rng(0))
+        optimizer = nn.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x, y, model=model, optimizer=optimizer):
+            optimizer.zero_grad()
+            _, loss = model(x, y)
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        run = step if shards is None else autograd.compile(step, shards=shards)
+        rng = np.random.default_rng(3)
+        losses = []
+        for _ in range(5):
+            d = rng.integers(0, 17, size=(4, 17))
+            losses.append(run(d[:, :-1], d[:, 1:].copy()).item())
+        runs.append((losses, model.state_dict()))
+        if shards is not None:
+            assert isinstance(run.plan_for(d[:, :-1], d[:, 1:].copy()), autograd.shard.ShardedPlan)
+    (l1, p1), (l2, p2) = runs
+    np.testing.assert_allclose(l2, l1, rtol=1e-12)
+    for name in p1:
+        assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
