@@ -407,7 +407,7 @@ def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
 
 
 def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
-    # gv = P^T g;  dS = P (dP - rowsum(P dP)), dP = g v^T;  gq = dS k scale;  gk = dS^T q scale
+    # gv = P^T g;  dS = P (dP - rowsum(P dP)) scale, dP = g v^T;  gq = dS k;  gk = dS^T q
     from autograd.kernels import attention
 
     vals, g, matmul = plan.vals, plan.grads[node.out.id], plan.matmul
@@ -427,7 +427,6 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
 
         def query() -> None:
             matmul(dp, vals[k.id], gq)
-            np.multiply(gq, scale, out=gq)
 
         steps.append((query, post))
     if k.requires_grad:
@@ -435,19 +434,18 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
 
         def key() -> None:
             matmul(dp.swapaxes(-1, -2), vals[q.id], gk)
-            np.multiply(gk, scale, out=gk)
 
         steps.append((key, post))
 
     def run() -> None:
         matmul(g, vals[v.id].swapaxes(-1, -2), dp)
-        attention._probs_backward(dp.size, p2, dp2, causal)  # in place: dS / scale
+        attention._probs_backward(dp.size, p2, dp2, causal, scale)  # in place: dS
         for step, post in steps:
             step()
             if post is not None:
                 post()
 
-    return run, "fused: from the kept P, five batched products, one Numba pass"
+    return run, "fused: from the kept P, four batched products, one Numba pass"
 
 
 _BACKWARD = {

@@ -130,7 +130,9 @@ def test_dropout_masks_follow_the_same_rng_stream():
     m2, _, step = _setup(np.float64, dropout=0.5)
     compiled = autograd.compile(step)
     for x, y in _batches(4):
-        assert eager(x, y)[0].item() == compiled(x, y)[0].item()
+        # fusion on rounds differently (1e-12 relative); a different mask would move the loss
+        # far more than that
+        assert compiled(x, y)[0].item() == pytest.approx(eager(x, y)[0].item(), rel=1e-12)
     rngs = [m.transformer.drop.rng.bit_generator.state for m in (m1, m2)]
     assert rngs[0] == rngs[1]
 
