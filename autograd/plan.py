@@ -416,13 +416,19 @@ class Plan:
     def describe(self) -> str:
         """The plan, one line per step, then the arena's sizes (docs/compile.md shows one)."""
         mib = 1 << 20
-        head = (
-            f"compiled step: {len(self.program)} replay steps; {self._lowered} ops lowered to "
-            f"out= kernels, {self._generic} replaying their own forward; fusion "
-            f"{ {True: 'on', False: 'off'}.get(self.fusion, self.fusion) }; traced in "
-            f"{self.trace_s:.2f} s, planned in "
-            f"{self.plan_s:.2f} s" + (f"; not sharded: {self.unsharded}" if self.unsharded else "")
+        steps = (
+            f"{len(self.program)} replay steps; {self._lowered} ops lowered to out= kernels, "
+            f"{self._generic} replaying their own forward"
         )
+        if self.shard is not None:  # the ShardedPlan's printout says the rest
+            head = f"one shard: {steps}"
+        else:
+            head = (
+                f"compiled step: {steps}; fusion "
+                f"{ {True: 'on', False: 'off'}.get(self.fusion, self.fusion) }; traced in "
+                f"{self.trace_s:.2f} s, planned in {self.plan_s:.2f} s"
+                + (f"; not sharded: {self.unsharded}" if self.unsharded else "")
+            )
         arena = (
             f"arena: {len(self.arena.buffers)} buffers, {self.arena.nbytes / mib:.1f} MiB for "
             f"{self.arena.requested / mib:.1f} MiB of values and gradients (liveness reuse saves "
