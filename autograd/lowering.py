@@ -504,13 +504,13 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
         ranges.append((group, slice(start, offset)))
     kernel = _adam_kernel()
     decoupled = optimizer.decoupled
-    step_count = [steps.pop()]
+    states, first = optimizer.state, params[0]  # the step count: read from the state each time
     s = dtype.type
 
     def update(part: int = 0, parts: int = 1) -> None:
         """The update of part `part` of `parts` equal pieces of every group (a batch-sharded
-        step runs the pieces on its threads, autograd/shard.py); step() counts the step."""
-        t = step_count[0] + 1
+        step runs the pieces on its threads, autograd/shard.py); count() counts the step."""
+        t = states[first]["step"] + 1
         for group, where in ranges:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             size = where.stop - where.start
@@ -535,9 +535,9 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
             )
 
     def count() -> None:
-        step_count[0] += 1
+        t = states[first]["step"] + 1
         for p in params:
-            optimizer.state[p]["step"] = step_count[0]
+            states[p]["step"] = t
 
     def run() -> None:
         update()

@@ -208,7 +208,7 @@ def _notes() -> list[str]:
         "Training step: each framework runs in fresh processes of its own (benchmarks/"
         "train_worker.py), alternating, 3 rounds of 3 warm-up + 10 timed steps; the median is "
         "over all timed steps, the range over the rounds' medians. glassgrad is the compiled "
-        "step (autograd.compile, default fusion; models.train uses fusion='exact'); 'in-process' "
+        "step (autograd.compile, default fusion, as in models.train); 'in-process' "
         "is the eager step timed "
         "inside the runner itself (a warm heap), kept for comparison.",
         "glassgrad/torch < 1 means glassgrad is faster; vs numpy-ref = numpy-reference time / "

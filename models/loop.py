@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import math
 import os
@@ -247,29 +248,38 @@ class CompiledTrainStep:
     The step (zero_grad, forward, backward, clip, AdamW) is traced on the first call and replayed
     after; the learning rate reaches it through the optimizer's param_groups, read at each replay.
     A non-finite gradient norm is caught after the update (the run stops all the same).
+
+    Every step is a replay, the first one too: the traced (eager) call is undone (parameters,
+    optimizer state and dropout generators restored in place) and the step replayed. So a run
+    resumed from a checkpoint, whose first step traces again, continues with exactly the
+    uninterrupted run's losses, with the default fusion (the batch sharded over the BLAS's
+    threads), whose rounding differs from eager's.
     """
 
     def __init__(self, model: GPT, optimizer: nn.optim.Optimizer, grad_clip: float) -> None:
+        self.model = model
         self.optimizer = optimizer
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
 
         def step(x: np.ndarray, y: np.ndarray) -> tuple[Any, float]:
             optimizer.zero_grad()
             _, loss = model(x, y)
             loss.backward()
-            norm = nn.clip_grad_norm_(params, grad_clip)
+            norm = nn.clip_grad_norm_(self.params, grad_clip)
             optimizer.step()
             return loss, norm
 
-        # "exact": the fusions that keep eager's arithmetic, so that a resumed run (whose first
-        # step is the eager, traced one) continues with exactly the uninterrupted run's losses
-        self.step = autograd.compile(step, fusion="exact")
+        self.step = autograd.compile(step)
 
     def __call__(
         self, x: np.ndarray, y: np.ndarray, lr: float, stop: threading.Event | None = None
     ) -> tuple[float, float, bool]:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.step.plan_for(x, y) is None:  # trace, undo the traced step, then replay it
+            saved = self._state()
+            self.step(x, y)
+            self._restore(saved)
         loss, norm = self.step(x, y)
         loss_value = loss.item()
         if not math.isfinite(norm):
@@ -278,6 +288,41 @@ class CompiledTrainStep:
                 "a lower --lr"
             )
         return loss_value, norm, stop is not None and stop.is_set()
+
+    def _state(self) -> tuple[list, list, list]:
+        params = [p.data.copy() for p in self.params]
+        opt = [
+            {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in st.items()}
+            if (st := self.optimizer.state.get(p))
+            else None
+            for p in self.params
+        ]
+        rngs = [
+            (g, copy.deepcopy(g.bit_generator.state))
+            for m in self.model.modules()
+            for g in vars(m).values()
+            if isinstance(g, np.random.Generator)
+        ]
+        return params, opt, rngs
+
+    def _restore(self, saved: tuple[list, list, list]) -> None:
+        """Put the state back in place: the plan holds the arrays (the flat buffers)."""
+        params, opt, rngs = saved
+        for p, data in zip(self.params, params, strict=True):
+            np.copyto(p.data, data)
+        for p, before in zip(self.params, opt, strict=True):
+            state = self.optimizer.state.get(p, {})
+            for k, v in state.items():  # state made by the traced step: back to "none yet"
+                old = (before or {}).get(k)
+                if isinstance(v, np.ndarray):
+                    if old is None:
+                        v.fill(0)
+                    else:
+                        np.copyto(v, old)
+                else:
+                    state[k] = 0 if old is None else old
+        for g, rng_state in rngs:
+            g.bit_generator.state = rng_state
 
 
 def eager_step_ms(model: GPT, settings: dict[str, Any], x: np.ndarray, y: np.ndarray) -> float:

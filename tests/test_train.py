@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import threading
 import time
 
 import numpy as np
@@ -68,25 +67,38 @@ def test_same_seed_gives_bit_identical_losses(data_file, tmp_path):
     assert c["loss"] != a["loss"]
 
 
+class _StopAfter:
+    """A stop request that is seen at the end of step n (as a Ctrl-C during that step)."""
+
+    def __init__(self, n):
+        self.n, self.calls = n, 0
+
+    def is_set(self):
+        self.calls += 1
+        return self.calls >= self.n
+
+    def set(self):
+        self.calls = self.n
+
+
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
-def test_resume_continues_with_exactly_the_uninterrupted_losses(data_file, tmp_path, dropout):
-    full = loop.train(tiny_settings(data_file, tmp_path / "full", dropout=dropout), quiet=True)
+def test_resume_continues_with_exactly_the_uninterrupted_losses(
+    data_file, tmp_path, dropout, compiled
+):
+    # compiled (the default): every step is a replay, also the first of the resumed run
+    full = loop.train(
+        tiny_settings(data_file, tmp_path / "full", dropout=dropout), quiet=True, compile=compiled
+    )
 
     # Interrupt after step 6 (not a multiple of eval_every): the stop request is honoured at the
     # next step boundary, as a Ctrl-C is, and the checkpoint is written there.
-    stop, calls = threading.Event(), []
-
-    def stop_after_six(params):
-        calls.append(len(params))
-        if len(calls) == 6:
-            stop.set()
-
     settings = tiny_settings(data_file, tmp_path / "cut", dropout=dropout)
-    cut = loop.train(settings, quiet=True, after_backward=stop_after_six, stop=stop)
+    cut = loop.train(settings, quiet=True, stop=_StopAfter(6), compile=compiled)
     assert cut["interrupted"] and len(cut["loss"]) == 6
     assert json.loads((tmp_path / "cut" / "train_state.json").read_text())["step"] == 6
 
-    resumed = loop.train(settings, resume=True, quiet=True)
+    resumed = loop.train(settings, resume=True, quiet=True, compile=compiled)
     assert resumed["loss"] == full["loss"]  # steps 0-5 from the checkpoint, 6-11 recomputed
     assert resumed["eval_val"] == full["eval_val"]
     a = nn.load_safetensors(tmp_path / "full" / "model.safetensors")[0]
@@ -178,10 +190,10 @@ def test_bad_settings_are_refused(data_file, tmp_path):
 
 
 def test_compiled_run_follows_the_eager_run(data_file, tmp_path):
-    # The default (--compile) replays the step through autograd.compile(fusion="exact"), which
-    # keeps eager's arithmetic: the losses are --no-compile's, bit for bit (so --resume may mix
-    # the two)
+    # The default replays the step through autograd.compile (fusion on: the batch sharded over
+    # the threads, fused attention): the losses follow --no-compile's within float32 rounding.
     eager = loop.train(tiny_settings(data_file, tmp_path / "eager"), quiet=True, compile=False)
     compiled = loop.train(tiny_settings(data_file, tmp_path / "compiled"), quiet=True)
     assert compiled["compiled"] and not eager.get("compiled")
-    assert compiled["loss"] == eager["loss"]
+    np.testing.assert_allclose(compiled["loss"], eager["loss"], rtol=1e-4)
+    assert compiled["loss"] != eager["loss"]  # not the same arithmetic: the test can tell
