@@ -107,16 +107,17 @@ def _out_axis(node: Node, axes: dict, args: set[int], n: int) -> int | None:
     batched_params = [k for k, p in node.params.items() if id(p) in args]
     if all(x is None for x in a) and not batched_params:
         return None  # parameters only: every shard computes it whole
-    arrays = [k for k, p in node.params.items() if isinstance(p, np.ndarray) and id(p) not in args]
+    constants = [
+        k for k, p in node.params.items() if isinstance(p, np.ndarray) and id(p) not in args
+    ]
     kind = type(fn)
-    if arrays:
-        pass  # a constant array beside batched values: it might be batch-shaped; not shardable
-    elif kind is F.Embedding:
-        if a[0] is None and batched_params == ["idx"]:
-            return 0
-    elif batched_params:
-        pass
-    elif kind in (F.Linear, F.LayerNorm, F.Gelu):
+    if constants:  # an array beside batched values might be batch-shaped: it cannot be cut
+        raise NotShardable(f"{node.name} with a constant array {constants} beside batched values")
+    if kind is F.Embedding and a[0] is None and batched_params == ["idx"]:
+        return 0
+    if batched_params:  # only the embedding's ids may be an argument of the step
+        raise NotShardable(f"{node.name} with the step's argument as {batched_params}")
+    if kind in (F.Linear, F.LayerNorm, F.Gelu):
         if a[0] is not None and all(x is None for x in a[1:]):
             if kind is F.Gelu or a[0] < len(ins[0].shape) - 1:
                 return a[0]
