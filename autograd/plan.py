@@ -444,10 +444,7 @@ def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 def single_threaded_blas(fusion: bool) -> Any:
     """A context with BLAS at one thread when a fused replay would split its products itself
     (the traced call then runs as the replays will); else a no-op."""
-    controller = _blas_controller() if fusion else None
-    if controller is None:
-        return contextlib.nullcontext()
-    return controller.limit(limits=1, user_api="blas")
+    return one_blas_thread()() if fusion else contextlib.nullcontext()
 
 
 def one_blas_thread() -> Callable[[], Any]:

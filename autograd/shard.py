@@ -239,6 +239,8 @@ def _pool(workers: int) -> Any:
     if not _POOL or _POOL[0]._max_workers < workers:
         from concurrent.futures import ThreadPoolExecutor
 
+        if _POOL:  # a plan with more shards: the smaller pool's threads end once idle
+            _POOL[0].shutdown(wait=False)
         _POOL[:] = [ThreadPoolExecutor(workers, thread_name_prefix="glassgrad-shard")]
     return _POOL[0]
 
@@ -259,7 +261,6 @@ class ShardedPlan:
 
     def __init__(self, rec: Recorder, result: Any, n: int, axes: dict[int, int | None]) -> None:
         self.n = n
-        self.fusion = True
         self.blas = one_blas_thread()  # made once: finding the BLAS libraries takes ~2 ms
         self.trace_s = self.plan_s = 0.0
         self.batch = next(a for a in rec.args if isinstance(a, np.ndarray)).shape[0]
