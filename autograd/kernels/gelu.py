@@ -5,15 +5,19 @@
 
 The forward returns (y, t): t is what the backward needs. The numpy reference works in place
 (out= and *=) to avoid a temporary per step of the formula; it still walks memory a dozen times.
-The Numba kernel does each direction in one pass, with tanh written through the vectorisable exp
-of a non-positive number: tanh(u) = sign(u) (1 - z) / (1 + z), z = exp(-2 |u|).
+The Numba kernel does each direction in one pass, with a tanh LLVM can vectorise (numba's np.tanh
+is one scalar libm call per value): in float64 through the vectorisable exp of a non-positive
+number, tanh(u) = sign(u) (1 - z) / (1 + z), z = exp(-2 |u|); in float32 as a [13/6] minimax
+rational function of u on |u| <= 7.9 (the coefficients of Eigen's fast float tanh; <= 3e-7 from
+tanh, float32's own rounding), 1.6x faster than through exp (no floor, no exponent bits).
 """
 
 import math
 
 import numba
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
 from ._common import FASTMATH, Kernel, float_array, same_shape
 from ._exp import exp
@@ -75,21 +79,58 @@ def gelu_backward_numpy(gy, x, t):
 
 
 @numba.njit(error_model="numpy", fastmath=FASTMATH)
-def _tanh_u(xi, s, a_s, one, two):
-    """t = tanh(s (x + 0.044715 x^3)) through exp(-2|u|) <= 1 (one home for every loop below)."""
-    u = xi * (s + a_s * xi * xi)
-    z = exp(-two * abs(u))
-    th = (one - z) / (one + z)
+def _tanh32(u):
+    c = np.float32(7.90531110763549805)  # tanh(c) rounds to 1 in float32
+    u = c if u > c else (-c if u < -c else u)  # NaN falls through
+    u2 = u * u
+    p = np.float32(-2.76076847742355e-16)
+    p = p * u2 + np.float32(2.00018790482477e-13)
+    p = p * u2 + np.float32(-8.60467152213735e-11)
+    p = p * u2 + np.float32(5.12229709037114e-08)
+    p = p * u2 + np.float32(1.48572235717979e-05)
+    p = p * u2 + np.float32(6.37261928875436e-04)
+    p = p * u2 + np.float32(4.89352455891786e-03)
+    q = np.float32(1.19825839466702e-06)
+    q = q * u2 + np.float32(1.18534705686654e-04)
+    q = q * u2 + np.float32(2.26843463243900e-03)
+    q = q * u2 + np.float32(4.89352518554385e-03)
+    return u * p / q
+
+
+@numba.njit(error_model="numpy", fastmath=FASTMATH)
+def _tanh64(u):
+    z = exp(-2.0 * abs(u))  # <= 1: no overflow
+    th = (1.0 - z) / (1.0 + z)
     return -th if u < 0 else th
+
+
+def _tanh(u):
+    """tanh(u); in Python simply np.tanh, inside a Numba kernel the vectorisable version."""
+    return np.tanh(u)
+
+
+@overload(_tanh)
+def _tanh_overload(u):
+    if u == types.float32:
+        return lambda u: _tanh32(u)
+    if u == types.float64:
+        return lambda u: _tanh64(u)
+    return None
+
+
+@numba.njit(error_model="numpy", fastmath=FASTMATH)
+def _tanh_u(xi, s, a_s):
+    """t = tanh(s (x + 0.044715 x^3)) (one home for every loop below)."""
+    return _tanh(xi * (s + a_s * xi * xi))
 
 
 @Kernel
 def _gelu_values(x, y, t, s, a_s):
     # s = sqrt(2/pi) and a_s = 0.044715 s come in x's dtype: float32 input is computed in float32
-    one, two, half = x.dtype.type(1.0), x.dtype.type(2.0), x.dtype.type(0.5)
+    one, half = x.dtype.type(1.0), x.dtype.type(0.5)
     for i in prange(x.size):
         xi = x[i]
-        th = _tanh_u(xi, s, a_s, one, two)
+        th = _tanh_u(xi, s, a_s)
         t[i] = th
         y[i] = half * xi * (one + th)
 
@@ -97,10 +138,10 @@ def _gelu_values(x, y, t, s, a_s):
 @Kernel
 def _gelu_output(x, y, s, a_s):
     # y only (a compiled step's forward: its backward recomputes t from x, see _gelu_grads_of_x)
-    one, two, half = x.dtype.type(1.0), x.dtype.type(2.0), x.dtype.type(0.5)
+    one, half = x.dtype.type(1.0), x.dtype.type(0.5)
     for i in prange(x.size):
         xi = x[i]
-        y[i] = half * xi * (one + _tanh_u(xi, s, a_s, one, two))
+        y[i] = half * xi * (one + _tanh_u(xi, s, a_s))
 
 
 @Kernel
@@ -115,10 +156,10 @@ def _gelu_grads(gy, x, t, gx, s, a3_s):
 @Kernel
 def _gelu_grads_of_x(gy, x, gx, s, a_s, a3_s):
     # _gelu_grads with t recomputed from x in the same pass (one read of x, no t array)
-    one, two, half = x.dtype.type(1.0), x.dtype.type(2.0), x.dtype.type(0.5)
+    one, half = x.dtype.type(1.0), x.dtype.type(0.5)
     for i in prange(x.size):
         xi = x[i]
-        ti = _tanh_u(xi, s, a_s, one, two)
+        ti = _tanh_u(xi, s, a_s)
         du = s + a3_s * xi * xi
         gx[i] = gy[i] * (half * (one + ti) + half * xi * (one - ti * ti) * du)
 
