@@ -195,10 +195,23 @@ def _fused_attention(plan: Any, node: Any) -> bool:
     return plan.fusion is True and q.shape == k.shape == v.shape
 
 
+# Causal products skip the masked future a block of query rows at a time: rows r0:r1 need keys
+# :r1 only (T = 256: 10 of 16 (64 x 64) blocks of each T x T product; blocks of 32 ran slower).
+CAUSAL_BLOCK = 64
+
+
+def _row_blocks(T: int, causal: bool) -> list[tuple[int, int]]:
+    """Query-row blocks (r0, r1): rows r0:r1 of S = q k^T need keys :r1, and keys r0:r1 of
+    P^T g need query rows r0: (causal); one block, the whole square, otherwise."""
+    if not causal or T <= CAUSAL_BLOCK:
+        return [(0, T)]
+    return [(r0, min(r0 + CAUSAL_BLOCK, T)) for r0 in range(0, T, CAUSAL_BLOCK)]
+
+
 def _attention_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
-    # Fusion (not eager's blocked kernel): S = q k^T for all key positions, P = softmax(S scale)
-    # in place (causal: the future set to 0) kept for the backward, o = P v. Batched np.matmul
-    # over the heads on the strided q/k/v views of the qkv projection: no copies of q, k, v.
+    # Fusion (not eager's blocked kernel): S = q k^T for the allowed key blocks, P = softmax(S
+    # scale) in place (causal: the future set to 0) kept for the backward, o = P v. Batched
+    # np.matmul over the heads on the strided q/k/v views of the qkv projection: no copies.
     from autograd.kernels import attention
 
     vals, (q, k, v), matmul = plan.vals, (x.id for x in node.inputs), plan.matmul
@@ -211,13 +224,20 @@ def _attention_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     heads = probs.reshape(B * H, T, T)
     scale = attention._scale(out)
     node.stats = (probs, scale)
+    blocks = _row_blocks(T, causal)
 
     def run() -> None:
-        matmul(vals[q], vals[k].swapaxes(-1, -2), probs)
+        qv, kv, vv = vals[q], vals[k], vals[v]
+        for r0, r1 in blocks:
+            matmul(qv[..., r0:r1, :], kv[..., :r1, :].swapaxes(-1, -2), probs[..., r0:r1, :r1])
         attention._probs_forward(probs.size, heads, scale, causal, 0, lse, 0)
-        matmul(probs, vals[v], out)
+        for r0, r1 in blocks:
+            matmul(probs[..., r0:r1, :r1], vv[..., :r1, :], out[..., r0:r1, :])
 
-    return run, "fused: q k^T, softmax in place (kept), P v; no copies of q, k, v"
+    return run, (
+        f"fused: q k^T, softmax in place (kept), P v in {len(blocks)} causal row block(s); "
+        "no copies of q, k, v"
+    )
 
 
 _ACCEPTS = {
@@ -408,6 +428,7 @@ def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
 
 def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
     # gv = P^T g;  dS = P (dP - rowsum(P dP)) scale, dP = g v^T;  gq = dS k;  gk = dS^T q
+    # (notes 10.5), each product over the allowed blocks only (_row_blocks)
     from autograd.kernels import attention
 
     vals, g, matmul = plan.vals, plan.grads[node.out.id], plan.matmul
@@ -418,34 +439,46 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
     plan.release_at.setdefault(position, []).append(dp)
     rows = probs.size // probs.shape[-1]
     p2, dp2 = probs.reshape(rows, -1), dp.reshape(rows, -1)
+    blocks = _row_blocks(probs.shape[-1], causal)
     steps = []
     if v.requires_grad:
         gv, post = plan.contribution(v, v.shape, position)
-        steps.append((lambda: matmul(probs.swapaxes(-1, -2), g, gv), post))
+
+        def value() -> None:  # keys r0:r1 get P^T g from the queries r0: that see them
+            for r0, r1 in blocks:
+                matmul(probs[..., r0:, r0:r1].swapaxes(-1, -2), g[..., r0:, :], gv[..., r0:r1, :])
+
+        steps.append((value, post))
     if q.requires_grad:
         gq, post = plan.contribution(q, q.shape, position)
 
         def query() -> None:
-            matmul(dp, vals[k.id], gq)
+            kv = vals[k.id]
+            for r0, r1 in blocks:
+                matmul(dp[..., r0:r1, :r1], kv[..., :r1, :], gq[..., r0:r1, :])
 
         steps.append((query, post))
     if k.requires_grad:
         gk, post = plan.contribution(k, k.shape, position)
 
         def key() -> None:
-            matmul(dp.swapaxes(-1, -2), vals[q.id], gk)
+            qv = vals[q.id]
+            for r0, r1 in blocks:
+                matmul(dp[..., r0:, r0:r1].swapaxes(-1, -2), qv[..., r0:, :], gk[..., r0:r1, :])
 
         steps.append((key, post))
 
     def run() -> None:
-        matmul(g, vals[v.id].swapaxes(-1, -2), dp)
+        vv = vals[v.id]
+        for r0, r1 in blocks:
+            matmul(g[..., r0:r1, :], vv[..., :r1, :].swapaxes(-1, -2), dp[..., r0:r1, :r1])
         attention._probs_backward(dp.size, p2, dp2, causal, scale)  # in place: dS
         for step, post in steps:
             step()
             if post is not None:
                 post()
 
-    return run, "fused: from the kept P, four batched products, one Numba pass"
+    return run, "fused: from the kept P, four batched products (causal row blocks), one Numba pass"
 
 
 _BACKWARD = {
