@@ -1,6 +1,7 @@
 """The products of one training step, alone: how long numpy's BLAS and PyTorch's take for them.
 
     python -m benchmarks.products --config small --shards 2      # prints a markdown table
+    python -m benchmarks.products --config small --floor         # the floor against the steps
 
 A training step is mostly matrix products (Linear forward and backward, attention's batched
 q k^T and P v and their backward). This times exactly the products one shard of the compiled
@@ -8,6 +9,12 @@ step runs (autograd/shard.py: B / shards rows per thread, BLAS on one thread), e
 np.matmul with numpy's BLAS on one thread and as torch.matmul on one thread, each library in a
 fresh process of its own. The sum over the step is the floor of a sharded step: its shards run
 side by side, so the step cannot take less than one shard's products.
+
+--floor measures that floor as a step meets it: every shard's products at once, one thread each
+(as the sharded replay runs them), and the whole batch's products with the library on all the
+threads (as PyTorch runs them), with numpy's BLAS and with PyTorch's MKL, against glassgrad's
+compiled step and PyTorch's eager step (benchmarks.train_worker), each in a fresh process,
+alternated over --rounds rounds.
 """
 
 from __future__ import annotations
@@ -45,6 +52,15 @@ def step_products(config: Any, shards: int) -> list[tuple[str, int, tuple, tuple
     out.append(("attention P v, dS k", 2 * L, (heads, t, t), (heads, t, d), False, False))
     out.append(("attention P^T g, dS^T q", 2 * L, (heads, t, t), (heads, t, d), True, False))
     return out
+
+
+def product_flops(a_shape: tuple, b_shape: tuple, ta: bool, tb: bool) -> float:
+    """2 * batch * rows * inner * cols of op(a) @ op(b), op a transpose of the last two axes."""
+    inner = a_shape[-2] if ta else a_shape[-1]
+    rows = a_shape[-1] if ta else a_shape[-2]
+    cols = b_shape[-2] if tb else b_shape[-1]
+    batch = a_shape[0] if len(a_shape) == 3 else 1
+    return 2.0 * batch * rows * inner * cols
 
 
 def _time(fn: Any, reps: int) -> float:
@@ -88,16 +104,122 @@ def measure(library: str, config_name: str, shards: int, reps: int) -> dict[str,
     return results
 
 
+def _operands(library: str, config: Any, shards: int) -> list[tuple[Any, Any, Any, int]]:
+    """(a, b, out, count) of every product of one shard's step, for `library`."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = []
+    for _, count, a_shape, b_shape, ta, tb in step_products(config, shards):
+        a = rng.standard_normal(a_shape, dtype=np.float32)
+        b = rng.standard_normal(b_shape, dtype=np.float32)
+        if library == "torch":
+            import torch
+
+            a, b = torch.from_numpy(a), torch.from_numpy(b)
+        a, b = (a.swapaxes(-1, -2) if ta else a), (b.swapaxes(-1, -2) if tb else b)
+        c = np.empty(a.shape[:-1] + b.shape[-1:], np.float32)
+        out.append((a, b, torch.from_numpy(c) if library == "torch" else c, count))
+    return out
+
+
+def measure_step(library: str, config_name: str, shards: int, reps: int, whole: bool) -> float:
+    """Median seconds of all the products of one step, each shard's on a thread of its own,
+    all shards at once (as the sharded replay runs them), the library on one thread each; or,
+    `whole`, the whole batch's products with the library on `shards` threads (as PyTorch runs
+    them)."""
+    import contextlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = parse_config(config_name)
+    threads, shards = (shards, 1) if whole else (1, shards)
+    if library == "torch":  # only ever in a worker process of its own
+        import torch
+
+        torch.set_num_threads(threads)
+        matmul, limits = torch.matmul, contextlib.nullcontext()
+    else:
+        import numpy as np
+        from threadpoolctl import threadpool_limits
+
+        matmul, limits = np.matmul, threadpool_limits(limits=threads, user_api="blas")
+    work = [_operands(library, config, shards) for _ in range(shards)]
+
+    def shard(s: int) -> None:
+        for a, b, out, count in work[s]:
+            for _ in range(count):
+                matmul(a, b, out=out)
+
+    with limits, ThreadPoolExecutor(shards - 1 or 1) as pool:
+
+        def step() -> None:
+            others = [pool.submit(shard, s) for s in range(1, shards)]
+            shard(0)
+            for f in others:
+                f.result()
+
+        return _time(step, reps)
+
+
+def _floor(args: argparse.Namespace) -> int:
+    """The products floor beside the two steps, fresh processes, alternated."""
+    import statistics
+
+    from benchmarks import system
+
+    config = parse_config(args.config)
+    peak = system.sgemm_peak(n=2048, reps=10)["gflops"]
+    names = [f"{library} products, {how}" for library in ("numpy", "torch")
+             for how in ("sharded", "whole batch")] + ["glassgrad step", "torch step"]  # fmt: skip
+    runs: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(args.rounds):
+        for library in ("numpy", "torch"):
+            for how in ("sharded", "whole batch"):
+                cmd = [sys.executable, "-m", "benchmarks.products", "--worker", library, "--step"]
+                cmd += ["--config", args.config, "--shards", str(args.shards)]
+                cmd += ["--reps", str(args.reps)] + (["--whole"] if how == "whole batch" else [])
+                done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                runs[f"{library} products, {how}"].append(json.loads(done.stdout))
+        for framework in ("glassgrad", "torch"):
+            cmd = [sys.executable, "-m", "benchmarks.train_worker", "--framework", framework]
+            cmd += ["--config", args.config, "--threads", str(args.shards)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs[f"{framework} step"].append(
+                statistics.median(json.loads(done.stdout)["step_ms"]) / 1e3
+            )
+    med = {name: statistics.median(v) for name, v in runs.items()}
+    print(
+        f"{args.config} ({config.describe()}), {args.shards} shards / threads, {args.rounds} "
+        f"alternating rounds of fresh processes, medians; sgemm peak {peak:.1f} GFLOP/s\n"
+    )
+    print("| what | ms | / torch step |")
+    print("|---|---:|---:|")
+    for name in names:
+        print(f"| {name} | {1e3 * med[name]:.1f} | {med[name] / med['torch step']:.2f} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="small")
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--floor", action="store_true", help="the floor against the two steps")
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--worker", choices=["numpy", "torch"], help=argparse.SUPPRESS)
+    p.add_argument("--step", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker and args.step:
+        print(
+            json.dumps(measure_step(args.worker, args.config, args.shards, args.reps, args.whole))
+        )
+        return 0
     if args.worker:
         print(json.dumps(measure(args.worker, args.config, args.shards, args.reps)))
         return 0
+    if args.floor:
+        return _floor(args)
     runs = {}
     for library in ("numpy", "torch"):
         cmd = [sys.executable, "-m", "benchmarks.products", "--worker", library]
@@ -112,11 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|---:|")
     totals = {"numpy": 0.0, "torch": 0.0}
     for what, count, a_shape, b_shape, ta, tb in step_products(config, args.shards):
-        inner = a_shape[-2] if ta else a_shape[-1]
-        rows = a_shape[-1] if ta else a_shape[-2]
-        cols = b_shape[-2] if tb else b_shape[-1]
-        batch = a_shape[0] if len(a_shape) == 3 else 1
-        flops = 2.0 * batch * rows * inner * cols
+        flops = product_flops(a_shape, b_shape, ta, tb)
         cells = []
         for library in ("numpy", "torch"):
             s = runs[library][what] if runs[library] else None

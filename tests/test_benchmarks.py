@@ -9,7 +9,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from autograd.kernels import start_threads
-from benchmarks import timing
+from benchmarks import products, timing
 from benchmarks.__main__ import main
 from benchmarks.configs import STANDARD, parse_config, train_flops
 from benchmarks.suites import summarize_targets
@@ -158,3 +158,21 @@ def test_targets_report_missing_and_met():
 def test_bad_suite_is_a_clear_error(capsys):
     assert main(["--quiet", "--config", "V1/T1"]) == 2
     assert "lacks" in capsys.readouterr().err
+
+
+def test_step_products_are_the_steps_matrix_flops():
+    # the products of all shards = tokens * (6 * the weight matrices + 12 L T C): the FLOP
+    # formula without the biases and LayerNorm parameters (which no product multiplies)
+    c = parse_config("V11/T16/L2/H2/C8/B4")
+    per_layer = 3 + 1 + 4 + 4  # c_attn C x 3C, attn c_proj C x C, c_fc C x 4C, mlp c_proj 4C x C
+    matrices = c.n_layer * per_layer * c.n_embd**2 + c.vocab_size * c.n_embd
+    total = sum(count * products.product_flops(a, b, ta, tb)
+                for _, count, a, b, ta, tb in products.step_products(c, 2))  # fmt: skip
+    tokens = c.batch_size * c.block_size
+    assert 2 * total == tokens * (6 * matrices + 12 * c.n_layer * c.block_size * c.n_embd)
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_step_products_time_on_threads(whole):
+    seconds = products.measure_step("numpy", "V11/T16/L1/H2/C8/B4", 2, reps=2, whole=whole)
+    assert 0 < seconds < 1
