@@ -4,11 +4,12 @@
     python -m benchmarks.products --config small --floor         # the floor against the steps
 
 A training step is mostly matrix products (Linear forward and backward, attention's batched
-q k^T and P v and their backward). This times exactly the products one shard of the compiled
-step runs (autograd/shard.py: B / shards rows per thread, BLAS on one thread), each shape as
-np.matmul with numpy's BLAS on one thread and as torch.matmul on one thread, each library in a
-fresh process of its own. The sum over the step is the floor of a sharded step: its shards run
-side by side, so the step cannot take less than one shard's products.
+q k^T and P v and their backward, over the causal row blocks the fused attention keeps). This
+times exactly the products one shard of the compiled step runs (autograd/shard.py: B / shards
+rows per thread, BLAS on one thread), each shape as np.matmul with numpy's BLAS on one thread and
+as torch.matmul on one thread, each library in a fresh process of its own. The sum over the step
+is the floor of a sharded step: its shards run side by side, so the step cannot take less than
+one shard's products.
 
 --floor measures that floor as a step meets it: every shard's products at once, one thread each
 (as the sharded replay runs them), and the whole batch's products with the library on all the
@@ -26,6 +27,7 @@ import sys
 import time
 from typing import Any
 
+from autograd import lowering
 from benchmarks.configs import parse_config
 
 
@@ -48,9 +50,14 @@ def step_products(config: Any, shards: int) -> list[tuple[str, int, tuple, tuple
         out.append((f"{name} dX = g W^T", count, (m, n), (k, n), False, True))
         out.append((f"{name} dW = x^T g", count, (m, k), (m, n), True, False))
     L = config.n_layer
-    out.append(("attention q k^T, dP = g v^T", 2 * L, (heads, t, d), (heads, t, d), False, True))
-    out.append(("attention P v, dS k", 2 * L, (heads, t, t), (heads, t, d), False, False))
-    out.append(("attention P^T g, dS^T q", 2 * L, (heads, t, t), (heads, t, d), True, False))
+    for r0, r1 in lowering._row_blocks(t, causal=True):  # as the fused attention skips the future
+        rows, where = r1 - r0, f" rows {r0}:{r1}" if (r0, r1) != (0, t) else ""
+        qk = (heads, rows, d), (heads, r1, d), False, True
+        pv = (heads, rows, r1), (heads, r1, d), False, False
+        ptg = (heads, t - r0, rows), (heads, t - r0, d), True, False
+        out.append((f"attention q k^T, dP = g v^T{where}", 2 * L, *qk))
+        out.append((f"attention P v, dS k{where}", 2 * L, *pv))
+        out.append((f"attention P^T g, dS^T q{where}", 2 * L, *ptg))
     return out
 
 

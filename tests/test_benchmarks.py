@@ -166,10 +166,18 @@ def test_step_products_are_the_steps_matrix_flops():
     c = parse_config("V11/T16/L2/H2/C8/B4")
     per_layer = 3 + 1 + 4 + 4  # c_attn C x 3C, attn c_proj C x C, c_fc C x 4C, mlp c_proj 4C x C
     matrices = c.n_layer * per_layer * c.n_embd**2 + c.vocab_size * c.n_embd
-    total = sum(count * products.product_flops(a, b, ta, tb)
-                for _, count, a, b, ta, tb in products.step_products(c, 2))  # fmt: skip
     tokens = c.batch_size * c.block_size
-    assert 2 * total == tokens * (6 * matrices + 12 * c.n_layer * c.block_size * c.n_embd)
+    assert 2 * _flops(c) == tokens * (6 * matrices + 12 * c.n_layer * c.block_size * c.n_embd)
+    # T = 256: the causal products keep 10 of the 16 (64 x 64) blocks of each T x T product
+    long = parse_config("V11/T256/L1/H2/C8/B2")
+    linear = long.batch_size * long.block_size * 6 * (per_layer * 8**2 + 11 * 8)
+    full_attention = long.batch_size * long.block_size * 12 * 256 * 8
+    assert 2 * _flops(long) - linear == full_attention * 10 / 16
+
+
+def _flops(config):
+    return sum(count * products.product_flops(a, b, ta, tb)
+               for _, count, a, b, ta, tb in products.step_products(config, 2))  # fmt: skip
 
 
 @pytest.mark.parametrize("whole", [False, True])
