@@ -83,41 +83,29 @@ def _time(fn: Any, reps: int) -> float:
 
 def measure(library: str, config_name: str, shards: int, reps: int) -> dict[str, float]:
     """{what: median seconds of one product} for `library` ("numpy" or "torch"), one thread."""
-    import numpy as np
-
-    config = parse_config(config_name)
-    rng = np.random.default_rng(0)
-    results = {}
     if library == "torch":
         import torch
 
         torch.set_num_threads(1)
+        matmul = torch.matmul
     else:
+        import numpy as np
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(limits=1, user_api="blas")
-    for what, _, a_shape, b_shape, ta, tb in step_products(config, shards):
-        a = rng.standard_normal(a_shape, dtype=np.float32)
-        b = rng.standard_normal(b_shape, dtype=np.float32)
-        if library == "torch":
-            a, b = torch.from_numpy(a), torch.from_numpy(b)
-            a, b = (a.transpose(-1, -2) if ta else a), (b.transpose(-1, -2) if tb else b)
-            out = torch.empty(a.shape[:-1] + b.shape[-1:])
-            results[what] = _time(lambda a=a, b=b, out=out: torch.matmul(a, b, out=out), reps)
-        else:
-            a, b = (a.swapaxes(-1, -2) if ta else a), (b.swapaxes(-1, -2) if tb else b)
-            out = np.empty(a.shape[:-1] + b.shape[-1:], np.float32)
-            results[what] = _time(lambda a=a, b=b, out=out: np.matmul(a, b, out=out), reps)
-    return results
+        matmul = np.matmul
+    products = _operands(library, parse_config(config_name), shards)
+    return {what: _time(lambda a=a, b=b, out=out: matmul(a, b, out=out), reps)
+            for what, a, b, out, _ in products}  # fmt: skip
 
 
-def _operands(library: str, config: Any, shards: int) -> list[tuple[Any, Any, Any, int]]:
-    """(a, b, out, count) of every product of one shard's step, for `library`."""
+def _operands(library: str, config: Any, shards: int) -> list[tuple[str, Any, Any, Any, int]]:
+    """(what, a, b, out, count per step) of every product of one shard's step, for `library`."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     out = []
-    for _, count, a_shape, b_shape, ta, tb in step_products(config, shards):
+    for what, count, a_shape, b_shape, ta, tb in step_products(config, shards):
         a = rng.standard_normal(a_shape, dtype=np.float32)
         b = rng.standard_normal(b_shape, dtype=np.float32)
         if library == "torch":
@@ -125,8 +113,8 @@ def _operands(library: str, config: Any, shards: int) -> list[tuple[Any, Any, An
 
             a, b = torch.from_numpy(a), torch.from_numpy(b)
         a, b = (a.swapaxes(-1, -2) if ta else a), (b.swapaxes(-1, -2) if tb else b)
-        c = np.empty(a.shape[:-1] + b.shape[-1:], np.float32)
-        out.append((a, b, torch.from_numpy(c) if library == "torch" else c, count))
+        c = np.empty(tuple(a.shape[:-1]) + tuple(b.shape[-1:]), np.float32)
+        out.append((what, a, b, torch.from_numpy(c) if library == "torch" else c, count))
     return out
 
 
@@ -153,7 +141,7 @@ def measure_step(library: str, config_name: str, shards: int, reps: int, whole: 
     work = [_operands(library, config, shards) for _ in range(shards)]
 
     def shard(s: int) -> None:
-        for a, b, out, count in work[s]:
+        for _, a, b, out, count in work[s]:
             for _ in range(count):
                 matmul(a, b, out=out)
 

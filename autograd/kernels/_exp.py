@@ -74,15 +74,24 @@ def _exp64(x):
     return 0.0 if x < lowest else y * two_n
 
 
+def vectorisable(python_fn, for_float32, for_float64):
+    """Make `python_fn` (numpy's version, used from Python) compile inside a Numba kernel to
+    `for_float32` or `for_float64`, by the scalar's type; returns `python_fn`."""
+
+    @overload(python_fn)
+    def _by_type(x):
+        if x == types.float32:
+            return lambda x: for_float32(x)
+        if x == types.float64:
+            return lambda x: for_float64(x)
+        return None
+
+    return python_fn
+
+
 def exp(x):
     """exp(x); in Python simply np.exp, inside a Numba kernel the vectorisable version."""
     return np.exp(x)
 
 
-@overload(exp)
-def _exp_overload(x):
-    if x == types.float32:
-        return lambda x: _exp32(x)
-    if x == types.float64:
-        return lambda x: _exp64(x)
-    return None
+vectorisable(exp, _exp32, _exp64)

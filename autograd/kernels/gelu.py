@@ -16,11 +16,10 @@ import math
 
 import numba
 import numpy as np
-from numba import prange, types
-from numba.extending import overload
+from numba import prange
 
 from ._common import FASTMATH, Kernel, float_array, same_shape
-from ._exp import exp
+from ._exp import exp, vectorisable
 
 S = math.sqrt(2.0 / math.pi)
 A = 0.044715
@@ -109,13 +108,7 @@ def _tanh(u):
     return np.tanh(u)
 
 
-@overload(_tanh)
-def _tanh_overload(u):
-    if u == types.float32:
-        return lambda u: _tanh32(u)
-    if u == types.float64:
-        return lambda u: _tanh64(u)
-    return None
+vectorisable(_tanh, _tanh32, _tanh64)
 
 
 @numba.njit(error_model="numpy", fastmath=FASTMATH)
