@@ -11,13 +11,15 @@ array([[2., 2., 2.],
 """
 
 from autograd import (
+    forward_ad,  # noqa: F401  (autograd.forward_ad.dual_level, make_dual, unpack_dual)
     shard,  # noqa: F401  (autograd.shard.ShardedPlan, for isinstance checks)
     trace,  # noqa: F401  (registers the tracer of backward(trace=True))
 )
 from autograd.anomaly import AnomalyError, detect_anomaly
 from autograd.compiler import compile
+from autograd.forward_ad import hvp, jacfwd, jacrev, jvp
 from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck, gradgradcheck
-from autograd.higher_order import grad, hessian, hvp, jvp, vjp
+from autograd.higher_order import grad, hessian, vjp
 from autograd.ops import concat, stack, where
 from autograd.origin import check_packages
 from autograd.recorder import TraceError
@@ -51,6 +53,8 @@ __all__ = [
     "hessian",
     "hvp",
     "is_grad_enabled",
+    "jacfwd",
+    "jacrev",
     "jvp",
     "no_grad",
     "set_default_dtype",

@@ -1,9 +1,10 @@
 """The Transformer ops: fused forwards with hand-written VJPs (notes ch. 6, 7, 9, 10).
 
-Each op is one Function: forward and backward side by side, the formula in a comment and the
-notes' section where it is derived. The hot ones (softmax, log_softmax, layer_norm, gelu,
-cross_entropy, embedding backward, attention) call `autograd.kernels`, which runs either a Numba
-kernel or the plain numpy reference (GLASSGRAD_KERNELS=numpy or kernels.use_backend("numpy")).
+Each op is one Function: forward, backward and jvp (forward mode's rule, autograd/forward_ad.py)
+side by side, the formula in a comment and the notes' section where it is derived. The hot ones
+(softmax, log_softmax, layer_norm, gelu, cross_entropy, embedding backward, attention) call
+`autograd.kernels`, which runs either a Numba kernel or the plain numpy reference
+(GLASSGRAD_KERNELS=numpy or kernels.use_backend("numpy")); their JVP rules are numpy beside them.
 
 Under create_graph=True (docs/higher_order.md) the engine calls each op's `vjp` instead: an
 `ops.Op` runs its own backward on Tensors; an op whose backward is a kernel or reads saved
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from autograd import kernels
+from autograd import hooks, kernels
 from autograd.ops import Op, concatenate, exp, scatter_add, swap_last, unsqueeze, where
 from autograd.tensor import Function, Tensor, is_grad_enabled
 
@@ -87,6 +88,11 @@ class Linear(Op):
         gw = x.reshape(-1, x.shape[-1]).T @ g2
         return (gx, gw, g2.sum(axis=0)) if has_bias else (gx, gw)
 
+    def jvp(self, out, x_dot, w_dot, b_dot=None):  # out_dot = x_dot @ W + x @ W_dot + b_dot
+        x, weight, _ = self.saved
+        out_dot = x_dot @ weight + x @ w_dot
+        return out_dot if b_dot is None else out_dot + b_dot
+
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight + bias with weight (in, out) (notes 3.2), for x of any shape (..., in)."""
@@ -122,6 +128,10 @@ class Rotary(Op):
     def backward(self, g):
         cos, sin = self.saved
         return (_rotate(g, cos, -sin),)
+
+    def jvp(self, out, x_dot):  # out_dot = x_dot rotated by the same angles (it is linear)
+        cos, sin = self.saved
+        return _rotate(x_dot, cos, sin)
 
 
 def rotary_tables(max_len: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, ...]:
@@ -165,6 +175,10 @@ class Softmax(Function):
         a, axis = output, self.saved[1]
         return (a * (g - (a * g).sum(axis=axis, keepdims=True)),)
 
+    def jvp(self, out, x_dot):  # a_dot = a * (x_dot - sum(a * x_dot)): the Jacobian
+        a, axis = self.saved  # diag(a) - a a^T is symmetric, so this is backward's kernel
+        return _on_last_axis(kernels.softmax_backward, axis, a, x_dot)
+
 
 class LogSoftmax(Function):
     # y = x - logsumexp(x);  dx = g - softmax(x) * sum(g)   (notes 9.2, 10.3)
@@ -182,6 +196,10 @@ class LogSoftmax(Function):
     def vjp(self, g, output):
         y, axis = output, self.saved[1]
         return (g - y.exp() * g.sum(axis=axis, keepdims=True),)
+
+    def jvp(self, out, x_dot):  # y_dot = x_dot - sum(softmax(x) * x_dot)
+        y, axis = self.saved
+        return x_dot - (np.exp(y) * x_dot).sum(axis=axis, keepdims=True)
 
 
 class LogSumExp(Function):
@@ -202,6 +220,11 @@ class LogSumExp(Function):
     def vjp(self, g, output):
         (x,), axis = self.inputs, self.saved[1]
         return ((unsqueeze(g, axis) if g.ndim < x.ndim else g) * softmax(x, axis),)
+
+    def jvp(self, out, x_dot):  # out_dot = sum(softmax(x) * x_dot)
+        x, axis = self.saved
+        a = _on_last_axis(kernels.softmax_forward, axis, x)
+        return (a * x_dot).sum(axis=axis).reshape(out.shape)
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
@@ -249,6 +272,15 @@ class LayerNorm(Function):
         gx = rstd * (u - mean_u - xhat * mean_uxhat)
         return gx, _sum_rows(g * xhat), _sum_rows(g)
 
+    def jvp(self, out, x_dot, w_dot, b_dot):  # y_dot = xhat_dot w + xhat w_dot + b_dot,
+        # xhat_dot = rstd * (x_dot - mean(x_dot) - xhat * mean(x_dot * xhat))   (notes 10.8)
+        x, weight, mean, rstd, _ = self.saved
+        mean, rstd = mean[..., None], rstd[..., None]
+        xhat = (x - mean) * rstd
+        centred = x_dot - x_dot.mean(axis=-1, keepdims=True)
+        xhat_dot = rstd * (centred - xhat * (x_dot * xhat).mean(axis=-1, keepdims=True))
+        return xhat_dot * weight + xhat * w_dot + b_dot
+
 
 def _sum_rows(x: Any) -> Any:
     """Sum over every axis but the last (the gradient of a per-feature weight or bias)."""
@@ -286,6 +318,12 @@ class RMSNorm(Function):
         rstd = 1 / ((x * x).mean(axis=-1, keepdims=True) + eps).sqrt()
         return _rms_norm_vjp(g, x * rstd, weight, rstd)
 
+    def jvp(self, out, x_dot, w_dot):  # y_dot = xhat_dot w + xhat w_dot,
+        # xhat_dot = rstd * (x_dot - xhat * mean(x_dot * xhat))
+        xhat, weight, rstd, _ = self.saved
+        xhat_dot = rstd * (x_dot - xhat * (x_dot * xhat).mean(axis=-1, keepdims=True))
+        return xhat_dot * weight + xhat * w_dot
+
 
 def _rms_norm_vjp(g: Any, xhat: Any, weight: Any, rstd: Any) -> tuple:
     """RMSNorm's VJP on arrays or Tensors (the formula above)."""
@@ -319,6 +357,10 @@ class Gather(Op):
         coords[axis] = np.broadcast_to(index, g.shape)
         return (scatter_add(g, shape, tuple(coords)),)
 
+    def jvp(self, out, x_dot):  # out_dot = take_along_axis(x_dot, index, axis)
+        _, index, axis = self.saved
+        return np.take_along_axis(x_dot, index, axis=axis)
+
 
 def gather(x: Tensor, index: Any, axis: int) -> Tensor:
     """Pick elements along `axis` like np.take_along_axis; repeated indices sum in backward."""
@@ -344,6 +386,10 @@ class Embedding(Function):
     def vjp(self, g, output):
         idx, num_embeddings = self.saved
         return (scatter_add(g, (num_embeddings, g.shape[-1]), idx),)
+
+    def jvp(self, out, w_dot):  # out_dot = W_dot[idx]
+        idx, _ = self.saved
+        return w_dot[idx]
 
 
 def embedding(weight: Tensor, idx: Any) -> Tensor:
@@ -382,6 +428,10 @@ class CrossEntropy(Function):
         row_weight = (kept / max(int(kept.sum()), 1)).astype(logits.dtype)[..., None]
         return ((softmax(logits) - onehot) * row_weight * g,)
 
+    def jvp(self, out, l_dot):  # L_dot = sum(dL/dl * l_dot), dL/dl = (softmax(l) - onehot(y)) / n
+        dlogits, shape, _, _ = self.saved  # (cross_entropy asks for it when l carries a tangent)
+        return np.sum(dlogits.reshape(shape) * l_dot)
+
 
 def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Tensor:
     """Mean -ln softmax(logits)[target] over targets != ignore_index (notes 9.2).
@@ -405,7 +455,9 @@ def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Ten
             f"not ignore_index={ignore_index} (logits {logits.shape}, targets {targets.shape}): "
             f"targets must lie in [0, {vocab}) or be ignore_index"
         )
-    need_grad = logits.requires_grad and is_grad_enabled()
+    level = hooks.DUAL_LEVEL  # forward mode's rule needs dL/dl too
+    carries_tangent = level is not None and level.tangent(logits) is not None
+    need_grad = (logits.requires_grad and is_grad_enabled()) or carries_tangent
     return CrossEntropy.apply(
         logits, targets=targets, ignore_index=ignore_index, need_grad=need_grad
     )
@@ -443,6 +495,12 @@ class Gelu(Function):
         t = (s * (x + c * x * x * x)).tanh()
         return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * s * (1 + 3 * c * x * x)),)
 
+    def jvp(self, out, x_dot):  # y_dot = dy/dx * x_dot (elementwise: backward's formula)
+        x, saved, approximate = self.saved
+        if approximate == "tanh":
+            return kernels.gelu_backward(x_dot, x, saved)
+        return x_dot * (saved + x * _normal_pdf(x))
+
 
 def _normal_pdf(x: Any) -> Any:
     """phi(x) = e^(-x^2/2) / sqrt(2 pi), on arrays or Tensors."""
@@ -458,6 +516,10 @@ class NormalCdf(Op):
     def backward(self, g):
         (x,) = self.saved
         return (g * _normal_pdf(x),)
+
+    def jvp(self, out, x_dot):  # out_dot = phi(x) x_dot
+        (x,) = self.saved
+        return _normal_pdf(x) * x_dot
 
 
 def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
@@ -486,6 +548,10 @@ class Dropout(Op):
     def backward(self, g):
         (keep,) = self.saved
         return (g * keep,)
+
+    def jvp(self, out, x_dot):  # y_dot = x_dot * keep (the same mask)
+        (keep,) = self.saved
+        return x_dot * keep
 
 
 _dropout_rng = np.random.default_rng(0)
@@ -531,6 +597,15 @@ class Attention(Function):
         scale = 1.0 / math.sqrt(q.shape[-1])
         return _attention_vjp(q, k, v, _attention_weights(q, k, allowed, scale), g, scale)
 
+    def jvp(self, out, q_dot, k_dot, v_dot):  # the tangents of S, A and O (see _attention_jvp)
+        q, k, v, _, _, causal = self.saved
+        tq, tk = q.shape[2], k.shape[2]
+        allowed = np.tril(np.ones((tq, tk), dtype=bool), k=tk - tq) if causal else True
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = np.where(allowed, q @ np.swapaxes(k, -1, -2) * scale, -np.inf)
+        a = kernels.softmax_forward(scores)
+        return _attention_jvp(q, k, v, a, q_dot, k_dot, v_dot, scale)
+
 
 class MaskedAttention(Function):
     # The same op with an explicit allowed set (boolean, broadcast to (B, H, Tq, Tk)); plain numpy.
@@ -550,6 +625,10 @@ class MaskedAttention(Function):
         scale, allowed = self.saved[-2:]
         return _attention_vjp(q, k, v, _attention_weights(q, k, allowed, scale), g, scale)
 
+    def jvp(self, out, q_dot, k_dot, v_dot):
+        q, k, v, a, scale, _ = self.saved
+        return _attention_jvp(q, k, v, a, q_dot, k_dot, v_dot, scale)
+
 
 def _attention_weights(q: Tensor, k: Tensor, allowed: Any, scale: float) -> Tensor:
     """A = softmax(q k^T * scale) on the allowed set (None: everywhere), in Tensor ops."""
@@ -563,6 +642,15 @@ def _attention_vjp(q: Any, k: Any, v: Any, a: Any, g: Any, scale: float) -> tupl
     ga = g @ swap_last(v)
     gs = a * (ga - (ga * a).sum(axis=-1, keepdims=True)) * scale
     return gs @ k, swap_last(gs) @ q, swap_last(a) @ g
+
+
+def _attention_jvp(q, k, v, a, q_dot, k_dot, v_dot, scale: float) -> np.ndarray:
+    """O_dot of O = A v (notes 10.5-10.7 run forwards): S_dot = (q_dot k^T + q k_dot^T) * scale;
+    A_dot = A (S_dot - rowsum(A S_dot)) (softmax's JVP); O_dot = A_dot v + A v_dot. A is 0 off the
+    allowed set, so A_dot is 0 there too."""
+    s_dot = (q_dot @ np.swapaxes(k, -1, -2) + q @ np.swapaxes(k_dot, -1, -2)) * scale
+    a_dot = a * (s_dot - (a * s_dot).sum(axis=-1, keepdims=True))
+    return a_dot @ v + a @ v_dot
 
 
 def scaled_dot_product_attention(

@@ -1,4 +1,5 @@
-"""Gradients as values: autograd.grad, and what it builds, vjp, jvp, hvp and hessian.
+"""Gradients as values: autograd.grad, and what it builds: vjp, hessian, and the reverse-mode
+versions of a JVP and an HVP that forward mode (autograd/forward_ad.py) is measured against.
 
 `grad(outputs, inputs)` runs the same backward loop as `Tensor.backward` (autograd/tensor.py) but
 returns the gradients instead of adding them to .grad. With `create_graph=True` the loop calls each
@@ -10,8 +11,12 @@ can be differentiated again, any number of times (docs/higher_order.md).
     (g,) = autograd.grad((x ** 3).sum(), x, create_graph=True)   # 3 x^2, a Tensor with a graph
     (h,) = autograd.grad(g.sum(), x)                              # 6 x
 
-Forward mode (`jvp`) is not a second set of rules: J v is the derivative of the VJP u -> J^T u
-(which is linear in u) along v, so it is two reverse passes, the first with create_graph.
+J v without forward mode (`jvp_by_transpose`): J v is the derivative of the VJP u -> J^T u (which
+is linear in u) along v, so it is two reverse passes, the first with create_graph. H v without
+forward mode (`hvp_by_double_backward`): the gradient of <grad f, v>, reverse over reverse. The
+engine's `autograd.jvp` and `autograd.hvp` use the JVP rules instead (one pass; forward over
+reverse); these two stay as the reference they are checked and measured against
+(docs/forward_mode.md).
 """
 
 from __future__ import annotations
@@ -119,11 +124,12 @@ def vjp(fn: Callable[..., Any], primals: Any) -> tuple[Any, Callable[..., Any]]:
     return out, vjp_fn
 
 
-def jvp(fn: Callable[..., Any], primals: Any, tangents: Any) -> tuple[Any, Any]:
+def jvp_by_transpose(fn: Callable[..., Any], primals: Any, tangents: Any) -> tuple[Any, Any]:
     """(fn(*primals), J v) for tangents v, JAX-style (one tangent per primal, tuples in and out).
 
-    Forward mode by two reverse passes: g(u) = J^T u is computed with create_graph for a dummy
-    cotangent u (g is linear in u, so u's value does not matter), and J v = d<g(u), v>/du.
+    By two reverse passes (the transpose trick, no JVP rule used): g(u) = J^T u is computed with
+    create_graph for a dummy cotangent u (g is linear in u, so u's value does not matter), and
+    J v = d<g(u), v>/du.
     """
     xs = _leaves(primals)
     vs = _as_tuple(tangents)
@@ -172,8 +178,8 @@ def _inputs_of(inputs: Any) -> tuple[Tensor, ...]:
     )
 
 
-def hvp(fn: Callable[..., Tensor], inputs: Any, v: Any) -> tuple[Tensor, Any]:
-    """(fn(*inputs), H v) for a scalar fn: the gradient of <grad fn, v> (double backward).
+def hvp_by_double_backward(fn: Callable[..., Tensor], inputs: Any, v: Any) -> tuple[Tensor, Any]:
+    """(fn(*inputs), H v) for a scalar fn: the gradient of <grad fn, v> (reverse over reverse).
 
     inputs: a Tensor or a sequence; v has the same structure. Input Tensors that require grad
     are differentiated as they are, so fn may ignore its arguments and read them from a model.

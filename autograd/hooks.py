@@ -33,3 +33,11 @@ TRACER: Any = None
 # While autograd.compile traces a step: its recorder (autograd/recorder.py), told of every op,
 # every backward pass, every read of a tensor's value and every optimizer update; else None.
 RECORDER: Any = None
+
+# Inside autograd.forward_ad.dual_level(): the open level, which computes the tangent of every op's
+# output from its inputs' tangents (the op's jvp rule); else None.
+DUAL_LEVEL: Any = None
+
+# While autograd.checkpoint runs a segment's forward: a list that every random op appends
+# (generator, its state before the draw) to, so that the recomputation draws the same numbers.
+RNG_LOG: list | None = None

@@ -1,4 +1,4 @@
-"""The primitive ops: each one forward and its VJP (backward) side by side.
+"""The primitive ops: each one forward, its VJP (backward) and its JVP side by side.
 
 Notation: `g` is dL/d(output), the gradient arriving from above (notes 10.2: same shape as the
 output). Each backward returns dL/d(input) for every input, in order. Broadcasting is undone in one
@@ -10,6 +10,10 @@ have in common (operators, .reshape, .transpose, .sum, and the helpers of the ne
 dispatch on their argument). Called with arrays it is the fast first-order VJP; under
 create_graph=True the engine calls it with Tensors (`Op.vjp`), the same lines then record a graph,
 and the gradient can be differentiated again (autograd/higher_order.py).
+
+Forward mode (autograd/forward_ad.py): each op's `jvp(out, *tangents)` turns the tangents of its
+inputs (`a_dot`: how fast a moves along the chosen direction) into the tangent of its output,
+from the arrays forward saved; it is the linear map whose transpose backward applies.
 """
 
 from __future__ import annotations
@@ -130,6 +134,9 @@ class Add(Op):
         a_shape, b_shape = self.saved
         return sum_to(g, a_shape, copy=True), sum_to(g, b_shape, copy=True)
 
+    def jvp(self, out, a_dot, b_dot):  # out_dot = a_dot + b_dot (broadcast)
+        return a_dot + b_dot
+
 
 class Sub(Op):
     # out = a - b;  da = g, db = -g
@@ -140,6 +147,9 @@ class Sub(Op):
     def backward(self, g):
         a_shape, b_shape = self.saved
         return sum_to(g, a_shape, copy=True), sum_to(-g, b_shape)
+
+    def jvp(self, out, a_dot, b_dot):  # out_dot = a_dot - b_dot
+        return a_dot - b_dot
 
 
 class Mul(Op):
@@ -152,6 +162,10 @@ class Mul(Op):
         a, b = self.saved
         return sum_to(g * b, a.shape), sum_to(g * a, b.shape)
 
+    def jvp(self, out, a_dot, b_dot):  # out_dot = a_dot b + a b_dot  (the product rule)
+        a, b = self.saved
+        return a_dot * b + a * b_dot
+
 
 class Div(Op):
     # out = a / b;  da = g / b, db = -g * a / b^2
@@ -163,6 +177,10 @@ class Div(Op):
         a, b = self.saved
         ga = g / b
         return sum_to(ga, a.shape), sum_to(-ga * a / b, b.shape)
+
+    def jvp(self, out, a_dot, b_dot):  # out_dot = (a_dot - out b_dot) / b
+        _, b = self.saved
+        return (a_dot - out * b_dot) / b
 
 
 class Pow(Op):
@@ -179,6 +197,12 @@ class Pow(Op):
         with np.errstate(divide="ignore", invalid="ignore"):
             log_a = select(a > 0, log(select(a > 0, a, 1)), 0)
         return sum_to(ga, a.shape), sum_to(g * out * log_a, b.shape)
+
+    def jvp(self, out, a_dot, b_dot):  # out_dot = b a^(b-1) a_dot + out ln(a) b_dot (same guards)
+        a, b, _ = self.saved
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_a = np.where(a > 0, np.log(np.where(a > 0, a, 1)), 0)
+        return a_dot * b * a ** np.where(b != 0, b - 1, 1) + b_dot * out * log_a
 
 
 class MatMul(Op):
@@ -210,6 +234,10 @@ class MatMul(Op):
         gb = sum_to(swap_last(a2) @ g2, b2.shape).reshape(b.shape)
         return ga, gb
 
+    def jvp(self, out, a_dot, b_dot):  # out_dot = a_dot @ b + a @ b_dot
+        a, b = self.saved
+        return a_dot @ b + a @ b_dot
+
 
 # --- elementwise unary ops --------------------------------------------------------------------
 
@@ -221,6 +249,9 @@ class Neg(Op):
 
     def backward(self, g):
         return (-g,)
+
+    def jvp(self, out, a_dot):  # out_dot = -a_dot
+        return -a_dot
 
 
 class Exp(Op):
@@ -234,6 +265,9 @@ class Exp(Op):
         (out,) = self.saved
         return (g * out,)
 
+    def jvp(self, out, a_dot):  # out_dot = out a_dot
+        return out * a_dot
+
 
 class Log(Op):
     # out = ln a;  da = g / a
@@ -244,6 +278,10 @@ class Log(Op):
     def backward(self, g):
         (a,) = self.saved
         return (g / a,)
+
+    def jvp(self, out, a_dot):  # out_dot = a_dot / a
+        (a,) = self.saved
+        return a_dot / a
 
 
 class Sqrt(Op):
@@ -257,6 +295,9 @@ class Sqrt(Op):
         (out,) = self.saved
         return (g / (2 * out),)
 
+    def jvp(self, out, a_dot):  # out_dot = a_dot / (2 out)
+        return a_dot / (2 * out)
+
 
 class Tanh(Op):
     # out = tanh a;  da = g * (1 - out^2)
@@ -269,6 +310,9 @@ class Tanh(Op):
         (out,) = self.saved
         return (g * (1 - out * out),)
 
+    def jvp(self, out, a_dot):  # out_dot = (1 - out^2) a_dot
+        return (1 - out * out) * a_dot
+
 
 class Relu(Op):
     # out = max(a, 0);  da = g * [a > 0]  (the convention at 0 is 0, notes 8.2)
@@ -279,6 +323,10 @@ class Relu(Op):
     def backward(self, g):
         (a,) = self.saved
         return (g * (a > 0),)
+
+    def jvp(self, out, a_dot):  # out_dot = [a > 0] a_dot
+        (a,) = self.saved
+        return a_dot * (a > 0)
 
 
 class Sigmoid(Op):
@@ -293,6 +341,9 @@ class Sigmoid(Op):
     def backward(self, g):
         (out,) = self.saved
         return (g * out * (1 - out),)
+
+    def jvp(self, out, a_dot):  # out_dot = out (1 - out) a_dot
+        return out * (1 - out) * a_dot
 
 
 # --- reductions -------------------------------------------------------------------------------
@@ -330,6 +381,10 @@ class Sum(Op):
         shape, axes, keepdims = self.saved
         return (own(_expand_reduced(g, shape, axes, keepdims)),)
 
+    def jvp(self, out, a_dot):  # out_dot = sum_axis a_dot
+        _, axes, keepdims = self.saved
+        return np.sum(a_dot, axis=axes, keepdims=keepdims)
+
 
 class Mean(Op):
     # out = sum_axis a / n;  da = g / n broadcast back
@@ -344,6 +399,10 @@ class Mean(Op):
     def backward(self, g):
         shape, axes, keepdims, count = self.saved
         return (_expand_reduced(g, shape, axes, keepdims) / count,)
+
+    def jvp(self, out, a_dot):  # out_dot = mean_axis a_dot
+        _, axes, keepdims, _ = self.saved
+        return np.mean(a_dot, axis=axes, keepdims=keepdims)
 
 
 class Max(Op):
@@ -362,6 +421,12 @@ class Max(Op):
         share = (winners / winners.sum(axis=axes, keepdims=True)).astype(g.dtype)
         return (share * _expand_reduced(g, a.shape, axes, keepdims),)
 
+    def jvp(self, out, a_dot):  # out_dot = a_dot at the maximum (the mean over ties, as backward)
+        a, top, axes, keepdims = self.saved
+        winners = a == top
+        share = winners / winners.sum(axis=axes, keepdims=True)
+        return np.sum(share * a_dot, axis=axes, keepdims=keepdims)
+
 
 # --- shape ops --------------------------------------------------------------------------------
 
@@ -375,6 +440,9 @@ class Reshape(Op):
     def backward(self, g):
         (shape,) = self.saved
         return (own(g.reshape(shape)),)
+
+    def jvp(self, out, a_dot):  # out_dot = a_dot viewed with out's shape
+        return a_dot.reshape(out.shape)
 
 
 class Transpose(Op):
@@ -392,6 +460,10 @@ class Transpose(Op):
         (axes,) = self.saved
         return (own(g.transpose(*np.argsort(axes).tolist())),)
 
+    def jvp(self, out, a_dot):  # out_dot = a_dot with the same permutation
+        (axes,) = self.saved
+        return np.transpose(a_dot, axes)
+
 
 def _is_basic_index(index: Any) -> bool:
     """Slices, ints, None and Ellipsis select each element at most once (no scatter-add needed)."""
@@ -408,6 +480,10 @@ class GetItem(Op):
     def backward(self, g):
         shape, index = self.saved
         return (scatter_add(g, shape, index),)
+
+    def jvp(self, out, a_dot):  # out_dot = a_dot[index]
+        _, index = self.saved
+        return a_dot[index]
 
 
 def _scatter_add(g: np.ndarray, shape: tuple[int, ...], index: Any) -> np.ndarray:
@@ -429,6 +505,10 @@ class ScatterAdd(Op):
         (index,) = self.saved
         return (own(g[index]),)
 
+    def jvp(self, out, g_dot):  # out_dot = zeros(shape) with g_dot added at index (it is linear)
+        (index,) = self.saved
+        return _scatter_add(g_dot, out.shape, index)
+
 
 class SumTo(Op):
     # out = a summed back to `shape` (unbroadcast);  da = g broadcast to a's shape
@@ -440,6 +520,9 @@ class SumTo(Op):
         (shape,) = self.saved
         return (own(broadcast_to(g, shape)),)
 
+    def jvp(self, out, a_dot):  # out_dot = a_dot summed back to `shape` (it is linear)
+        return unbroadcast(a_dot, out.shape)
+
 
 class BroadcastTo(Op):
     # out = a repeated up to `shape` (numpy broadcasting);  da = g summed back to a's shape
@@ -450,6 +533,9 @@ class BroadcastTo(Op):
     def backward(self, g):
         (shape,) = self.saved
         return (sum_to(g, shape, copy=True),)
+
+    def jvp(self, out, a_dot):  # out_dot = a_dot repeated up to `shape` (it is linear)
+        return np.broadcast_to(a_dot, out.shape)
 
 
 class Concat(Op):
@@ -469,6 +555,10 @@ class Concat(Op):
             parts.append(own(g[tuple(index)]))
         return tuple(parts)
 
+    def jvp(self, out, *dots):  # out_dot = concat(a_1_dot..a_n_dot, axis)
+        axis, _ = self.saved
+        return np.concatenate(dots, axis=axis)
+
 
 class Stack(Op):
     # out = stack(a_1..a_n, axis);  da_i = g taken at position i along the new axis
@@ -481,6 +571,10 @@ class Stack(Op):
         axis, n = self.saved
         return tuple(own(g[(slice(None),) * axis + (i,)]) for i in range(n))
 
+    def jvp(self, out, *dots):  # out_dot = stack(a_1_dot..a_n_dot, axis)
+        axis, _ = self.saved
+        return np.stack(dots, axis=axis)
+
 
 class Where(Op):
     # out = cond ? a : b;  da = g where cond, db = g where not cond
@@ -492,6 +586,10 @@ class Where(Op):
         cond, a_shape, b_shape = self.saved
         zero = g.dtype.type(0)
         return sum_to(select(cond, g, zero), a_shape), sum_to(select(cond, zero, g), b_shape)
+
+    def jvp(self, out, a_dot, b_dot):  # out_dot = cond ? a_dot : b_dot
+        cond = self.saved[0]
+        return np.where(cond, a_dot, b_dot)
 
 
 # --- free functions of the public API ---------------------------------------------------------

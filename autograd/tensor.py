@@ -96,7 +96,8 @@ class Function:
     dL/d(output) and returns one gradient per input array (None for an input that needs none),
     each an array of its own (never `grad` or a view of it). An instance is the graph node: it
     keeps the inputs until backward releases it. `vjp` is the same VJP on Tensors, for
-    create_graph=True (autograd/higher_order.py).
+    create_graph=True (autograd/higher_order.py). `jvp(out, *tangents)` is forward mode's rule:
+    the tangent of the output from the tangents of the inputs (autograd/forward_ad.py).
     """
 
     __slots__ = ("inputs", "saved", "saved_versions", "created_at")
@@ -116,6 +117,14 @@ class Function:
         raise NotImplementedError(
             f"{self.name} has no differentiable VJP (Function.vjp), so create_graph=True cannot "
             "differentiate through it; write one with Tensor ops (or see autograd.ops.Op)"
+        )
+
+    def jvp(self, out: np.ndarray, *tangents: np.ndarray) -> np.ndarray:
+        """The tangent of the output (the array `out`) from one tangent per input (arrays of the
+        inputs' shapes, zeros for an input that carries none); forward may have saved what it
+        needs, as for backward. Called during forward, inside a dual_level (forward mode)."""
+        raise NotImplementedError(
+            f"{self.name} has no JVP rule (Function.jvp), so forward mode cannot go through it"
         )
 
     @property
@@ -138,6 +147,8 @@ class Function:
         out = Tensor._make(out_data, requires_grad, _counter_of_viewed(out_data, inputs))
         if hooks.RECORDER is not None:  # autograd.compile is tracing this call
             hooks.RECORDER.op(fn, inputs, params, out)
+        if hooks.DUAL_LEVEL is not None:  # forward mode: the tangent rides along (forward_ad)
+            hooks.DUAL_LEVEL.push(fn, inputs, out)
         if requires_grad:
             fn.inputs = inputs
             fn.saved_versions = _saved_versions(fn.saved, inputs, out)
@@ -227,6 +238,7 @@ class Tensor:
         "_counter",
         "_retains_grad",
         "name",
+        "_tangent",
         "__weakref__",
     )
     __array_ufunc__ = None  # `ndarray + Tensor` defers to Tensor.__radd__ instead of unwrapping
@@ -251,6 +263,7 @@ class Tensor:
         self._counter = VersionCounter()
         self._retains_grad = False
         self.name = name
+        self._tangent = None
         self._requires_grad = False
         self.requires_grad = requires_grad
 
@@ -266,6 +279,7 @@ class Tensor:
         t._counter = VersionCounter() if counter is None else counter
         t._retains_grad = False
         t.name = None
+        t._tangent = None  # (dual level, tangent array) inside forward_ad.dual_level()
         t._requires_grad = requires_grad
         return t
 
