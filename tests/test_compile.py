@@ -317,6 +317,36 @@ def test_exact_fusion_replays_eager_bit_for_bit(dtype, size, monkeypatch):
         assert np.array_equal(p1[name], p2[name]), name
 
 
+def test_an_optimizer_that_changes_the_update_keeps_its_own_step():
+    # The engine fuses only what the optimizer describes (nn.optim.Adam.flat_update_rule); an
+    # Adam subclass with its own update is replayed through its own step(), and still matches.
+    class ClippedAdam(nn.optim.AdamW):
+        def _update(self, p, grad, group, state):
+            super()._update(p, np.clip(grad, -0.01, 0.01), group, state)
+
+    results = []
+    for compiled in (False, True):
+        model, _, _ = _setup(np.float64)
+        optimizer = ClippedAdam(model.parameters(), lr=3e-3)
+        assert optimizer.flat_update_rule() is None
+
+        def step(x, y, model=model, optimizer=optimizer):
+            optimizer.zero_grad()
+            loss = model(x, y)[1]
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        run = autograd.compile(step) if compiled else step
+        for x, y in _batches(4):
+            run(x, y)
+        results.append(model.state_dict())
+        if compiled:
+            assert "ClippedAdam.step (its own update)" in run.plan_for(x, y).describe()
+    for name, value in results[0].items():
+        assert _norm_relative(results[1][name], value) <= 1e-12, name
+
+
 def test_create_graph_and_autograd_grad_with_arguments_are_refused():
     w = Tensor(np.ones(3), requires_grad=True)
 
