@@ -31,7 +31,11 @@ from autograd.tensor import Function, Tensor, no_grad
 
 class DualLevel:
     """An open dual_level: which tensors carry a tangent is stored on the tensors themselves
-    (Tensor._tangent = (level, array)); a tangent from a closed level is ignored."""
+    (Tensor._tangent = (level, array)); a tangent from a closed level is ignored. The tensors made
+    dual by hand are remembered, so that closing the level frees their tangents."""
+
+    def __init__(self) -> None:
+        self.made_dual: list[Tensor] = []
 
     def tangent(self, t: Tensor) -> np.ndarray | None:
         dual = t._tangent
@@ -68,6 +72,8 @@ def dual_level() -> Iterator[DualLevel]:
         yield level
     finally:
         hooks.DUAL_LEVEL = None
+        for t in level.made_dual:  # (a model's parameter would keep its tangent alive)
+            t._tangent = None
 
 
 def _open_level(caller: str) -> DualLevel:
@@ -89,6 +95,7 @@ def make_dual(primal: Any, tangent: Any) -> Tensor:
     if dot.shape != t.shape:
         raise ValueError(f"make_dual: tangent has shape {dot.shape} but the primal {t.shape}")
     level.attach(t, dot)
+    level.made_dual.append(t)
     return t
 
 

@@ -1,6 +1,7 @@
 """The one helper every op test uses: forward vs numpy, backward vs central differences, and the
-discipline every VJP keeps (it changes none of its inputs and returns fresh arrays); and its
-second-order twin, check_op_twice: the double backward vs central differences of the gradient."""
+discipline every VJP keeps (it changes none of its inputs and returns fresh arrays); its
+second-order twin, check_op_twice: the double backward vs central differences of the gradient; and
+its forward-mode twin, check_jvp: each JVP rule vs central differences and vs the op's VJP."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 import autograd
-from autograd import Tensor
+from autograd import Tensor, forward_ad
 
 # The property suite's bar: |analytic - numeric| <= TOLERANCE * (1 + |numeric|) on every element.
 TOLERANCE = 1e-6
@@ -121,3 +122,69 @@ def check_vjp_discipline(out: Tensor, seed: int = 1) -> None:
                 f"{fn.name}.backward: gradient {i} shares memory with g, an input or another "
                 "gradient"
             )
+
+
+def check_jvp(op, arrays, differentiable=None, eps=None, seed=2) -> None:
+    """Forward mode's rules on float64 copies of `arrays`, two ways:
+
+    1. J v (one forward pass with the JVP rules, autograd.forward_ad) against the central
+       difference (f(x + eps v) - f(x - eps v)) / (2 eps) along a random direction v, scaled
+       like check_op's steps (by max(1, |x|) per element; 0 on non-finite inputs), within
+       TOLERANCE * (1 + |numeric|) on every finite output element;
+    2. the transpose identity <J v, u> = <v, J^T u> for a random cotangent u (0 on non-finite
+       outputs), J^T u from the op's own VJP: a rule and its transpose checked against each
+       other, to rounding (1e-9 of the sum of the terms' magnitudes).
+    """
+    inputs = _float64_inputs(arrays, differentiable)
+    _, tensors, eps = _of_tensors(op, inputs, eps)
+    rng = np.random.default_rng(seed)
+    directions = {
+        id(t): np.where(
+            np.isfinite(t.data), rng.standard_normal(t.shape) * np.maximum(1, np.abs(t.data)), 0
+        )
+        for t in tensors
+    }
+
+    def at(step: float) -> np.ndarray:
+        moved = [
+            Tensor(x.data + step * directions[id(x)]) if isinstance(x, Tensor) else x
+            for x in inputs
+        ]
+        return np.asarray(op(*moved).data, dtype=np.float64)
+
+    with forward_ad.dual_level():
+        duals = [
+            forward_ad.make_dual(Tensor(x.data), directions[id(x)]) if isinstance(x, Tensor) else x
+            for x in inputs
+        ]
+        value, tangent = forward_ad.unpack_dual(op(*duals))
+    finite = np.isfinite(value.data)
+    tangent = np.zeros(value.shape) if tangent is None else tangent
+    assert np.isfinite(tangent[finite]).all(), "the JVP is not finite where the output is"
+    with np.errstate(invalid="ignore"):
+        numeric = np.where(finite, (at(eps) - at(-eps)) / (2 * eps), 0)
+    analytic = np.where(finite, tangent, 0)
+    bad = np.abs(analytic - numeric) > TOLERANCE * (1 + np.abs(numeric))
+    assert not bad.any(), (
+        f"JVP vs central differences: {int(bad.sum())} element(s) off, the first at "
+        f"{np.argwhere(bad)[0].tolist()}: analytic {analytic[bad][0]!r}, "
+        f"numeric {numeric[bad][0]!r}"
+    )
+
+    u = np.where(finite, rng.standard_normal(value.shape), 0)
+    out = op(*inputs)
+    for t in tensors:
+        t.grad = None
+    out.backward(u)
+    forward_terms = analytic * u
+    reverse_terms = [directions[id(t)] * t.grad for t in tensors]
+    lhs, rhs = forward_terms.sum(), sum(r.sum() for r in reverse_terms)
+    scale = np.abs(forward_terms).sum() + sum(np.abs(r).sum() for r in reverse_terms)
+    assert abs(lhs - rhs) <= 1e-9 * scale + 1e-300, (
+        f"transpose identity: <J v, u> = {lhs!r} but <v, J^T u> = {rhs!r}"
+    )
+
+
+def check_example_jvp(example) -> None:
+    """check_jvp on an `op_cases.Example`."""
+    check_jvp(example.op, example.arrays, example.differentiable)

@@ -2,7 +2,9 @@
 notice. Two mutations per op: every input gradient scaled by 1.5, and one element off by 0.01.
 Then the same one order up: every op gets a wrong differentiable VJP (Function.vjp, what
 create_graph=True runs), and gradgradcheck (check_op_twice) must notice: its gradients scaled by
-1.5, or their values kept but their derivatives (the double backward) scaled by 1.5.
+1.5, or their values kept but their derivatives (the double backward) scaled by 1.5. And in
+forward mode: every op's JVP rule (Function.jvp) gets its tangent scaled by 1.5 or one element off
+by 0.01, and check_jvp must notice.
 
 The op's primitive is the Function that made its output (found by running the op once), so a new
 op registered in op_cases.py is mutated here without a line of its own.
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import Phase, given, settings
 from op_cases import CASES
-from opcheck import check_example, check_example_twice
+from opcheck import check_example, check_example_jvp, check_example_twice
 
 import autograd
 from autograd import Tensor, kernels
@@ -126,6 +128,45 @@ def test_gradgradcheck_catches_a_wrong_double_backward(name, mutation):
     @given(case.strategy)
     def search(example):
         if caught_twice(example, SECOND_ORDER_MUTATIONS[mutation]):
+            raise Caught
+
+    with kernels.use_backend(case.backend), pytest.raises(Caught):
+        search()
+
+
+def jvp_one_element_off(tangent):
+    tangent = np.array(tangent)  # a copy: the rule may return a read-only view
+    if tangent.size:
+        tangent.flat[0] += 0.01
+    return tangent
+
+
+JVP_MUTATIONS = {"jvp_scaled_by_1.5": lambda t: t * 1.5, "jvp_one_element_off": jvp_one_element_off}
+
+
+def caught_forward(example, mutation) -> bool:
+    """True when check_jvp fails on `example` with the primitive's JVP rule mutated."""
+    cls = primitive_of(example)
+    original = cls.jvp
+    cls.jvp = lambda self, out, *dots: mutation(original(self, out, *dots))
+    try:
+        check_example_jvp(example)
+    except AssertionError:
+        return True
+    finally:
+        cls.jvp = original
+    return False
+
+
+@pytest.mark.parametrize("mutation", sorted(JVP_MUTATIONS))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_check_jvp_catches_a_wrong_jvp_rule(name, mutation):
+    case = CASES[name]
+
+    @settings(max_examples=50, derandomize=True, database=None, phases=[Phase.generate])
+    @given(case.strategy)
+    def search(example):
+        if caught_forward(example, JVP_MUTATIONS[mutation]):
             raise Caught
 
     with kernels.use_backend(case.backend), pytest.raises(Caught):
