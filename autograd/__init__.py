@@ -15,6 +15,7 @@ from autograd import (
     shard,  # noqa: F401  (autograd.shard.ShardedPlan, for isinstance checks)
     trace,  # noqa: F401  (registers the tracer of backward(trace=True))
 )
+from autograd.activation_checkpoint import checkpoint
 from autograd.anomaly import AnomalyError, detect_anomaly
 from autograd.compiler import compile
 from autograd.forward_ad import hvp, jacfwd, jacrev, jvp
@@ -42,6 +43,7 @@ __all__ = [
     "Tensor",
     "TraceError",
     "check_packages",
+    "checkpoint",
     "compile",
     "concat",
     "detect_anomaly",

@@ -540,6 +540,8 @@ class Dropout(Op):
     # The mask is drawn here, inside the op, so that a compiled step (autograd.compile), which
     # replays the ops, draws a new one from the same rng stream each step.
     def forward(self, x, p=0.5, rng=None):
+        if hooks.RNG_LOG is not None:  # autograd.checkpoint will redraw this very mask
+            hooks.RNG_LOG.append((rng, rng.bit_generator.state))
         scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
         keep = (rng.random(x.shape) >= p).astype(x.dtype) * x.dtype.type(scale)
         self.save_for_backward(keep)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+import autograd
 import autograd.functional as F
 import nn
 from autograd import Tensor, get_default_dtype, no_grad
@@ -43,6 +44,9 @@ class GPTConfig:
     n_embd: int
     dropout: float = 0.0
     bias: bool = True
+    # keep only each block's input in training and recompute its activations in backward
+    # (autograd.checkpoint): less memory for one more forward pass per block
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -219,7 +223,10 @@ class GPT(nn.Module):
             self._embed(ids, "forward") + t.wpe(positions)
         )  # (B, T, C) + (T, C): notes 8.6, e_i + p_i
         for i, block in enumerate(t.h):
-            x = block(x, kv_cache=None if kv_caches is None else kv_caches[i])
+            if self.config.gradient_checkpointing and self.training and kv_caches is None:
+                x = autograd.checkpoint(block, x)
+            else:
+                x = block(x, kv_cache=None if kv_caches is None else kv_caches[i])
         if targets is None:
             x = x[:, -1:, :]  # LayerNorm and the head act per position: skip the others
         # Tied head (notes 9.4): logits = h @ wte^T, as one 2-D product (nn.linear flattens B, T).
