@@ -10,20 +10,15 @@ array([[2., 2., 2.],
        [2., 2., 2.]], dtype=float32)
 """
 
-from autograd import (
-    forward_ad,  # noqa: F401  (autograd.forward_ad.dual_level, make_dual, unpack_dual)
-    shard,  # noqa: F401  (autograd.shard.ShardedPlan, for isinstance checks)
-    trace,  # noqa: F401  (registers the tracer of backward(trace=True))
-)
+from autograd import forward_ad  # noqa: F401  (autograd.forward_ad.dual_level, make_dual, ...)
 from autograd.activation_checkpoint import checkpoint
 from autograd.anomaly import AnomalyError, detect_anomaly
-from autograd.compiler import compile
+from autograd.compile import TraceError, compile
 from autograd.forward_ad import hvp, jacfwd, jacrev, jvp
 from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck, gradgradcheck
 from autograd.higher_order import grad, hessian, vjp
 from autograd.ops import concat, stack, where
 from autograd.origin import check_packages
-from autograd.recorder import TraceError
 from autograd.tensor import (
     Function,
     Tensor,
@@ -34,6 +29,7 @@ from autograd.tensor import (
     set_default_dtype,
     unbroadcast,
 )
+from autograd.viz import trace  # noqa: F401  (registers the tracer of backward(trace=True))
 
 __all__ = [
     "AnomalyError",

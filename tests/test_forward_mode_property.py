@@ -1,7 +1,7 @@
 """Every op of the registry (tests/op_cases.py), in forward mode: the same hypothesis strategies as
-test_ops_property.py, each op's JVP rule checked by check_jvp (float64) against central
-differences along a random direction and against the op's own VJP by the transpose identity
-<J v, u> = <v, J^T u>.
+test_ops_property.py, each op's JVP rule checked by autograd.testing.check_jvp (float64) against
+central differences along a random direction and against the op's own VJP by the transpose
+identity <J v, u> = <v, J^T u>.
 
 Adding an op = one `register(...)` line in op_cases.py (and a `jvp` beside its backward); this
 file and the mutation test cover it.
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from op_cases import CASES
-from opcheck import check_example_jvp
 
 from autograd import kernels
+from autograd.testing import check_example_jvp
 
 EXAMPLES = max(10, settings.default.max_examples // 2)
 
