@@ -46,7 +46,10 @@ def checkpoint(fn: Callable[..., Tensor], *args: Any) -> Tensor:
     rng_log: list = []
     hooks.RNG_LOG = rng_log
     leaves = _fresh_leaves(args)
+    recorder = hooks.RECORDER  # autograd.compile plans the segment (compile/recorder.py)
     try:
+        if recorder is not None:
+            recorder.segment_begin(args, leaves)
         out = fn(*leaves)
     finally:
         hooks.RNG_LOG = outer_log
@@ -55,6 +58,8 @@ def checkpoint(fn: Callable[..., Tensor], *args: Any) -> Tensor:
     if not isinstance(out, Tensor):
         raise TypeError(f"checkpoint: fn must return one Tensor, got {type(out).__name__}")
     if not out.requires_grad:
+        if recorder is not None:
+            recorder.segment_end(out, None, None)
         return out
     inputs = [a for a in args if isinstance(a, Tensor)]
     stand_ins = {id(t) for t in leaves if isinstance(t, Tensor)}
@@ -63,18 +68,20 @@ def checkpoint(fn: Callable[..., Tensor], *args: Any) -> Tensor:
         for t in _topological_order([out])
         if t._ctx is None and t.requires_grad and id(t) not in stand_ins
     ]
-    return Checkpoint.apply(
+    result = Checkpoint.apply(
         *inputs, *params, fn=fn, args=args, value=out.data, rng_states=_first_states(rng_log)
     )
+    if recorder is not None:
+        recorder.segment_end(out, result, result.op)
+    return result
 
 
 class Checkpoint(Function):
     # out = fn(args): forward keeps args only; backward runs fn again (same RNG states) and
     # backpropagates g through that graph: d(args) and d(params fn reads) = the segment's VJP
     def forward(self, *arrays, fn=None, args=(), value=None, rng_states=()):
-        self.save_for_backward(
-            fn, args, rng_states, *arrays
-        )  # arrays: watched for in-place changes
+        # the arrays are watched for in-place changes (autograd/tensor.py, _saved_versions)
+        self.save_for_backward(fn, args, rng_states, *arrays)
         return value  # computed by checkpoint()'s first run, whose graph is then dropped
 
     def backward(self, g):
@@ -98,7 +105,10 @@ class Checkpoint(Function):
     def _replay(self, leaves: list[Any], g: Any, create_graph: bool) -> tuple:
         """Run fn again from `leaves` (its RNG states restored) and backpropagate g to them and to
         the parameters fn reads: one gradient per input of this node."""
-        fn, _, rng_states, *_ = self.saved
+        fn, args, rng_states, *_ = self.saved
+        recorder = hooks.RECORDER
+        if recorder is not None:
+            recorder.replay_begin(self, args, leaves)
         with replayed_rng(rng_states), enable_grad():
             out = fn(*leaves)
         n_args = sum(isinstance(a, Tensor) for a in leaves)
@@ -109,6 +119,8 @@ class Checkpoint(Function):
             if differentiable
             else []
         )
+        if recorder is not None:
+            recorder.replay_end()
         return tuple(next(found) if t.requires_grad else None for t in wanted)
 
 

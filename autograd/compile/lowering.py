@@ -218,8 +218,7 @@ def _attention_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     causal = bool(node.params.get("causal", True))
     B, H, T, D = out.shape
     probs = plan.arena.take((B, H, T, T), out.dtype)
-    position = plan.pos_f[id(node)]
-    plan._release_after(probs, plan.pos_b.get(id(node), position))
+    plan._release_after(probs, plan.kept_until(node))
     lse = np.empty((B * H, T), out.dtype)
     heads = probs.reshape(B * H, T, T)
     scale = attention._scale(out)

@@ -11,6 +11,13 @@ op output is live from its op to the last position that may read it: its consume
 backwards (which read what they saved) and its own backward; a view extends the life of the
 buffer it views. A non-leaf gradient lives from its first contribution to its producer's
 backward. Dead buffers go back to a pool by size and are handed to the next value of that size.
+
+Activation checkpointing (autograd.checkpoint, recorder.Segment): the values a segment makes live
+only through its forward; in backward, a Recompute step runs the segment's ops again into
+buffers of their own (taken then, released after the VJPs that read them), just before the
+segment's VJPs. Slots are read when a step runs, so each phase binds its own arrays to the
+segment's slots as it starts; the random generators its ops draw from are set back for the
+recomputation (the same dropout masks) and then returned to where they were.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from autograd.compile import lowering
-from autograd.compile.recorder import Node, Recorder, Value
+from autograd.compile.recorder import Node, Recompute, Recorder, Segment, Value
 from autograd.tensor import Tensor
 
 FOREVER = math.inf
@@ -143,35 +150,54 @@ class Plan:
     def _liveness(self, rec: Recorder, returned: list[Value]) -> None:
         pos_f: dict[int, int] = {}
         pos_b: dict[int, int] = {}
+        pos_r: dict[int, int] = {}  # the position of a checkpointed op's recomputation
         position = 0
         for entry in rec.program:
             if entry[0] == "op":
                 pos_f[id(entry[1])] = position
                 position += 1
             elif entry[0] == "backward":
-                for node in entry[2]:
-                    pos_b[id(node)] = position
-                    position += 1
-        self.pos_f, self.pos_b = pos_f, pos_b
+                for step in entry[2]:
+                    for node in step.segment.nodes if isinstance(step, Recompute) else [step]:
+                        (pos_r if isinstance(step, Recompute) else pos_b)[id(node)] = position
+                        position += 1
+        self.pos_f, self.pos_b, self.pos_r = pos_f, pos_b, pos_r
+        self.segment_of: dict[int, Segment] = {
+            id(node): segment for segment in rec.segments for node in segment.nodes
+            if id(node) in pos_r
+        }  # fmt: skip
+        made_in = {node.out.id: self.segment_of[id(node)] for node in rec.nodes
+                   if id(node) in self.segment_of}  # fmt: skip
         self.root: dict[int, int] = {}  # value id -> id of the value owning its memory
         last: dict[int, float] = {}
+        last_r: dict[int, float] = {}  # the recomputed buffers of checkpointed segments
         for node in rec.nodes:
             out = node.out.id
             view = node.view_of if node.view_of is not None else lowering.view_input(node)
             self.root[out] = self.root.get(view.id, view.id) if view is not None else out
             # this op uses its inputs and output; its backward, what it saved
             saved = lowering.saved_for_backward(self, node)
+            segment = self.segment_of.get(id(node))
             for v in [*node.inputs, node.out]:
                 r = self.root.get(v.id, v.id)
                 reads = pos_b.get(id(node), -1) if any(s is v for s in saved) else -1
-                last[r] = max(last.get(r, -1), pos_f[id(node)], reads)
+                if segment is not None and made_in.get(r) is segment:
+                    # made in this op's segment: the first buffer serves its forward only, the
+                    # recomputed one the recomputation and the VJPs
+                    last[r] = max(last.get(r, -1), pos_f[id(node)])
+                    last_r[r] = max(last_r.get(r, -1), pos_r[id(node)], reads)
+                else:  # (a segment's input is read again when the segment is recomputed)
+                    again = pos_r.get(id(node), -1)
+                    last[r] = max(last.get(r, -1), pos_f[id(node)], reads, again)
         for v in returned:
             last[self.root.get(v.id, v.id)] = FOREVER
-        self.last_use = last
+        self.last_use, self.last_use_r = last, last_r
+        self.recomputing = False  # while the Recompute steps are built
 
     # --- building the program ---------------------------------------------------------------
     def _build(self, rec: Recorder) -> None:
         self.release_at: dict[int, list[np.ndarray]] = {}
+        self.phases: dict[int, dict] = {}  # a checkpointed segment's arrays and RNG states
         self.has_grad: set[int] = set()
         self.aliased: set[int] = set()  # gradients that are views of another value's gradient
         self.lowered: set[int] = set()
@@ -202,8 +228,19 @@ class Plan:
     def buffer(self, v: Value, position: int) -> np.ndarray:
         """An arena buffer for op output v, released after the last position that reads it."""
         buf = self.arena.take(v.shape, v.dtype)
-        self._release_after(buf, self.last_use.get(v.id, position))
+        last = self.last_use_r if self.recomputing else self.last_use
+        self._release_after(buf, last.get(v.id, position))
         return buf
+
+    def kept_until(self, node: Node) -> int:
+        """The last position that reads what node's forward keeps for its own backward (the
+        fused attention's P): that backward, except in the first forward of a checkpointed
+        segment (its backward reads what the recomputation keeps)."""
+        if id(node) in self.segment_of:
+            if not self.recomputing:
+                return self.pos_f[id(node)]
+            return self.pos_b.get(id(node), self.pos_r[id(node)])
+        return self.pos_b.get(id(node), self.pos_f[id(node)])
 
     def _release_after(self, buf: np.ndarray, position: float) -> None:
         if position != FOREVER:
@@ -214,6 +251,13 @@ class Plan:
             self.arena.release(buf)
 
     def _forward(self, node: Node) -> None:
+        segment = self.segment_of.get(id(node))
+        if segment is not None and node is segment.nodes[0]:
+            self._emit(
+                self._segment_forward(segment),
+                f"segment {segment.index}: its forward ({len(segment.nodes)} ops); only its "
+                "inputs are kept, the rest is recomputed in backward",
+            )
         position = self.pos_f[id(node)]
         step, note = lowering.forward(self, node, position)
         if step is None:
@@ -224,6 +268,71 @@ class Plan:
             self.lowered.add(id(node))
         self._emit(step, f"fwd  {position:4d} {node.name:<14} -> {_shape(node.out)}  {note}")
         self._end_of(position)
+        if segment is not None and node is segment.nodes[-1]:
+            self._segment_forward_done(segment)
+
+    # --- checkpointed segments (see the module docstring) ---------------------------------------
+    def _segment_forward(self, segment: Segment) -> Callable[[], None]:
+        """The step that starts a segment's forward: its slots bound to the forward's arrays,
+        the states of its generators noted (the recomputation draws the same numbers)."""
+        generators = list(
+            {
+                id(p): p
+                for node in segment.nodes
+                for p in node.params.values()
+                if isinstance(p, np.random.Generator)
+            }.values()
+        )
+        phase = self.phases[segment.index] = {"forward": {}, "again": {}, "generators": []}
+        vals = self.vals
+
+        def run() -> None:
+            for vid, array in phase["forward"].items():
+                vals[vid] = array
+            phase["generators"] = [(g, g.bit_generator.state) for g in generators]
+
+        return run
+
+    def _segment_forward_done(self, segment: Segment) -> None:
+        phase = self.phases[segment.index]
+        phase["forward"] = {node.out.id: self.vals[node.out.id] for node in segment.nodes}
+        replayed = [node.fn for node in segment.nodes if id(node) not in self.lowered]
+        if replayed:  # what those ops saved for their backward is recomputed as well
+
+            def drop_saved() -> None:
+                for fn in replayed:
+                    fn.saved = ()
+
+            self._emit(drop_saved, f"segment {segment.index}: drop what its replayed ops saved")
+
+    def _recompute(self, segment: Segment) -> None:
+        """The segment's ops again, into buffers of the recomputation, its generators set back
+        to their states at its forward (and afterwards returned to where they were)."""
+        phase, vals = self.phases[segment.index], self.vals
+
+        def begin() -> None:
+            for vid, array in phase["again"].items():
+                vals[vid] = array
+            phase["now"] = [(g, g.bit_generator.state) for g, _ in phase["generators"]]
+            for g, state in phase["generators"]:
+                g.bit_generator.state = state
+
+        def end() -> None:
+            for g, state in phase["now"]:
+                g.bit_generator.state = state
+
+        self._emit(begin, f"segment {segment.index}: recompute its forward")
+        self.recomputing = True
+        for node in segment.nodes:
+            position = self.pos_r[id(node)]
+            step, note = lowering.forward(self, node, position)
+            if step is None:
+                step, note = self._generic_forward(node, position), "replays its own forward"
+            self._emit(step, f"rfwd {position:4d} {node.name:<14} -> {_shape(node.out)}  {note}")
+            self._end_of(position)
+        self.recomputing = False
+        phase["again"] = {node.out.id: self.vals[node.out.id] for node in segment.nodes}
+        self._emit(end, f"segment {segment.index}: its generators back where they were")
 
     def param(self, node: Node, key: str) -> Any:
         """A keyword parameter of a recorded op, with the step's arguments (embedding ids,
@@ -259,6 +368,9 @@ class Plan:
         self.grads[root.id] = seed
         self.has_grad.add(root.id)
         for node in steps:
+            if isinstance(node, Recompute):
+                self._recompute(node.segment)
+                continue
             position = self.pos_b[id(node)]
             step, note = lowering.backward(self, node, position)
             if step is None:
@@ -495,7 +607,8 @@ def leaves_with_grad(rec: Recorder) -> set[int]:
     for entry in rec.program:
         if entry[0] == "backward":
             for node in entry[2]:
-                found |= {v.id for v in node.inputs if v.kind == "leaf" and v.requires_grad}
+                if isinstance(node, Node):
+                    found |= {v.id for v in node.inputs if v.kind == "leaf" and v.requires_grad}
     return found
 
 

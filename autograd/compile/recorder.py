@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from autograd import hooks
+from autograd.activation_checkpoint import Checkpoint
 from autograd.tensor import Function, Tensor, _storage
 
 
@@ -59,6 +60,29 @@ class Node:
         return self.fn.name
 
 
+class Segment:
+    """The ops of one autograd.checkpoint call (a slice of the recorded nodes) and its output.
+    The plan keeps their outputs only through the segment's forward and runs them again in
+    backward, just before their VJPs (a Recompute entry among the backward steps)."""
+
+    __slots__ = ("index", "nodes", "out", "start")
+
+    def __init__(self, index: int, start: int) -> None:
+        self.index = index
+        self.start = start  # the index of its first node in Recorder.nodes
+        self.nodes: list[Node] = []
+        self.out: Value | None = None
+
+
+class Recompute:
+    """A backward step: run the segment's forward ops again (from its kept inputs)."""
+
+    __slots__ = ("segment",)
+
+    def __init__(self, segment: Segment) -> None:
+        self.segment = segment
+
+
 class Recorder:
     """The listener of autograd.hooks.RECORDER while one call of the step is traced."""
 
@@ -69,7 +93,14 @@ class Recorder:
         self.program: list[tuple] = []  # ("op", node) | ("backward", ...) | ("call", ...) | ...
         self.used_args: set[int] = set()
         self.in_backward = False
-        self.backward_steps: list[Node] | None = None  # the nodes, in the order of their VJPs
+        self.backward_steps: list[Any] | None = None  # nodes in the order of their VJPs (and
+        # Recompute entries: a checkpointed segment run again)
+        self.segments: list[Segment] = []
+        self._open: Segment | None = None  # the segment whose first forward is being recorded
+        self._replaying: Segment | None = None  # the segment its backward is running again
+        self._replayed = 0  # how many of its ops ran again so far
+        self._kept: list[Any] = []  # objects whose id() maps to something: kept alive
+        self._segment_of_fn: dict[int, Segment] = {}  # id(Checkpoint node) -> its segment
 
     # --- values ----------------------------------------------------------------------------
     def value(self, t: Tensor) -> Value:
@@ -105,6 +136,11 @@ class Recorder:
 
     # --- events from the engine --------------------------------------------------------------
     def op(self, fn: Function, inputs: tuple[Tensor, ...], params: dict, out: Tensor) -> None:
+        if isinstance(fn, Checkpoint):
+            return  # its segment's ops are recorded; segment_end maps its output
+        if self._replaying is not None:
+            self._replayed_op(fn, out)
+            return
         if self.in_backward:
             raise TraceError(
                 f"compile: op {fn.name} ran inside backward (create_graph / higher-order "
@@ -140,6 +176,8 @@ class Recorder:
             )
 
     def backward(self, roots: Any, seeds: Any, create_graph: bool, inputs: Any) -> hooks.Observer:
+        if self._replaying is not None and not create_graph:  # a checkpoint's own backward
+            return self._steps()
         if create_graph:
             raise TraceError(
                 "compile: backward with create_graph=True (higher-order gradients) cannot be "
@@ -165,16 +203,74 @@ class Recorder:
         self.backward_steps = []
         self.in_backward = True
         self.program.append(("backward", self.values[id(root)], self.backward_steps))
+        return self._steps()
+
+    def _steps(self) -> hooks.Observer:
         recorder = self
 
         class Steps(hooks.Observer):
             def backward_step(self, step, fn, output, grad, input_grads) -> None:
-                recorder.backward_steps.append(recorder.values[id(output)].node)
+                if not isinstance(fn, Checkpoint):  # (its segment's VJPs are listed already)
+                    recorder.backward_steps.append(recorder.values[id(output)].node)
 
         return Steps()
 
     def backward_done(self) -> None:
-        self.in_backward = False
+        if self._replaying is None:  # (the end of a checkpoint's own backward is not the end)
+            self.in_backward = False
+
+    # --- activation checkpointing (autograd.checkpoint) -----------------------------------------
+    def segment_begin(self, args: Any, stand_ins: Any) -> None:
+        """checkpoint() is about to run fn on stand-ins of its arguments: they are the
+        arguments' values, and the ops until segment_end form one segment."""
+        if self._open is not None:
+            raise TraceError("compile: a checkpoint inside a checkpoint cannot be compiled")
+        self._alias(args, stand_ins)
+        self._open = Segment(len(self.segments), len(self.nodes))
+
+    def segment_end(self, inner: Tensor | None, out: Tensor | None, fn: Any) -> None:
+        """fn returned `inner`; checkpoint() returns `out` (None: fn needed no gradient, its ops
+        stay ordinary ones), made by the Checkpoint node `fn`."""
+        segment, self._open = self._open, None
+        if out is None or segment is None or id(inner) not in self.values:
+            return
+        segment.nodes = self.nodes[segment.start :]
+        segment.out = self.values[id(inner)]
+        self.values[id(out)] = segment.out  # downstream ops read the segment's output
+        self._kept.append(out)
+        self.segments.append(segment)
+        self._segment_of_fn[id(fn)] = segment
+        self._kept.append(fn)
+
+    def replay_begin(self, fn: Any, args: Any, stand_ins: Any) -> None:
+        """The Checkpoint node `fn` runs its segment again in backward: a Recompute step, then
+        (listed by the nested backward) the segment's VJPs."""
+        segment = self._segment_of_fn[id(fn)]
+        self._alias(args, stand_ins)
+        self._replaying, self._replayed = segment, 0
+        self.backward_steps.append(Recompute(segment))
+
+    def replay_end(self) -> None:
+        self._replaying = None
+
+    def _replayed_op(self, fn: Function, out: Tensor) -> None:
+        segment = self._replaying
+        nodes = segment.nodes
+        node = nodes[self._replayed] if self._replayed < len(nodes) else None
+        if node is None or type(node.fn) is not type(fn):
+            raise TraceError(
+                f"compile: checkpointed segment {segment.index} ran other ops in backward than "
+                f"in its forward ({fn.name}); a replay needs the same ops each time"
+            )
+        self._replayed += 1
+        self.values[id(out)] = node.out
+        self._kept.append(out)
+
+    def _alias(self, args: Any, stand_ins: Any) -> None:
+        for a, s in zip(args, stand_ins, strict=True):
+            if isinstance(a, Tensor):
+                self.values[id(s)] = self.value(a)
+                self._kept.append(s)
 
     def call(self, name: str, fn: Callable, *args: Any) -> Any:
         """Run fn(*args) now and replay it at that point of every later step (nn code that

@@ -179,6 +179,7 @@ class ShardTrace:
         )
         own = {id(a): h for a, h in zip(rec.args, self.args, strict=True)}
         self.used_args = set(rec.used_args)
+        self.segments: list = []  # (a step with checkpointed segments is not sharded)
         clones: dict[int, Value] = {}
         self.values: dict[int, Value] = {}
         for key, v in rec.values.items():
@@ -462,6 +463,8 @@ def sharded_plan(rec: Recorder, result: Any, fusion: bool | str, shards: int | N
     n = shard_count(fusion, shards)
     if n < 2:
         return None, "one thread" if fusion is True else f"fusion={fusion!r}"
+    if rec.segments:
+        return None, "checkpointed segments (their recomputation is planned whole)"
     try:
         axes = batch_axes(rec, n)
         return ShardedPlan(rec, result, n, axes), None
