@@ -155,8 +155,8 @@ def check_jvp(
     bad = np.abs(analytic - numeric) > TOLERANCE * (1 + np.abs(numeric))
     assert not bad.any(), (
         f"JVP vs central differences: {int(bad.sum())} element(s) off, the first at "
-        f"{np.argwhere(bad)[0].tolist()}: analytic {analytic[bad][0]!r}, "
-        f"numeric {numeric[bad][0]!r}"
+        f"{np.argwhere(bad)[0].tolist()}: analytic {float(analytic[bad][0]):.12g}, "
+        f"numeric {float(numeric[bad][0]):.12g}"
     )
 
     u = np.where(finite, rng.standard_normal(value.shape), 0)
@@ -169,7 +169,7 @@ def check_jvp(
     lhs, rhs = forward_terms.sum(), sum(r.sum() for r in reverse_terms)
     scale = np.abs(forward_terms).sum() + sum(np.abs(r).sum() for r in reverse_terms)
     assert abs(lhs - rhs) <= 1e-9 * scale + 1e-300, (
-        f"transpose identity: <J v, u> = {lhs!r} but <v, J^T u> = {rhs!r}"
+        f"transpose identity: <J v, u> = {float(lhs):.12g} but <v, J^T u> = {float(rhs):.12g}"
     )
 
 
