@@ -9,7 +9,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from autograd.kernels import start_threads
-from benchmarks import products, timing
+from benchmarks import autodiff_modes, products, timing
 from benchmarks.__main__ import main
 from benchmarks.configs import STANDARD, parse_config, train_flops
 from benchmarks.suites import summarize_targets
@@ -184,3 +184,15 @@ def _flops(config):
 def test_step_products_time_on_threads(whole):
     seconds = products.measure_step("numpy", "V11/T16/L1/H2/C8/B4", 2, reps=2, whole=whole)
     assert 0 < seconds < 1
+
+
+@pytest.mark.parametrize("kind", sorted(autodiff_modes.VARIANTS))
+def test_autodiff_modes_variants_run(kind):
+    # every variant of benchmarks.autodiff_modes, in-process on a micro config (the timing
+    # driver runs each in a fresh process; here: that each call works and reports its figures)
+    for variant in autodiff_modes.VARIANTS[kind]:
+        figures = autodiff_modes.worker(kind, variant, "V11/T8/L1/H2/C8/B2", reps=1)
+        assert figures["variant"] == variant and figures["median_ms"] > 0
+        assert figures["parameters"] > 0 and figures["blas"]
+        if variant.startswith("compiled"):
+            assert figures["arena_peak_live_mib"] <= figures["arena_mib"]
