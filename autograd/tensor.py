@@ -1,4 +1,4 @@
-"""The graph core: Tensor, Function (one primitive = forward + VJP), and the backward loop.
+"""The graph core: Tensor, Function (one primitive = forward + VJP + JVP), and the backward loop.
 
 Reverse mode in one paragraph (notes 10.2): every op records the inputs it was applied to; the
 output of the whole computation is a scalar L; `L.backward()` visits the recorded ops from the
@@ -389,6 +389,11 @@ class Tensor:
             raise RuntimeError(
                 f"{what}: in-place change of a tensor that requires grad (shape {self.shape}); "
                 "do it under no_grad() or on a detached tensor"
+            )
+        if hooks.DUAL_LEVEL is not None and hooks.DUAL_LEVEL.tangent(self) is not None:
+            raise RuntimeError(
+                f"{what}: in-place change of a dual tensor (shape {self.shape}): its tangent would "
+                "no longer match its value; compute a new tensor instead"
             )
 
     def __setitem__(self, index: Any, value: Any) -> None:

@@ -45,6 +45,10 @@ def test_dual_level_errors_name_the_problem():
         with pytest.raises(ValueError, match=r"tangent has shape \(3,\) but the primal \(2,\)"):
             forward_ad.make_dual(np.ones(2), np.ones(3))
 
+        x = forward_ad.make_dual(np.ones(2), np.ones(2))
+        with pytest.raises(RuntimeError, match="in-place change of a dual tensor"):
+            x[0] = 3.0
+
     class NoRule(Function):
         def forward(self, a):
             return a * 2
