@@ -10,8 +10,10 @@
 Each variant runs in a fresh process of its own (`--procs` processes per variant, alternating
 A B A B ...); each process times a warm-up call, one call for its peak memory (the resident
 memory the call adds, benchmarks.timing.peak_memory_mb) and `--reps` timed calls, and reports its
-median. The table gives the median over the processes, and each process's peak RSS (ru_maxrss:
-the model, the optimizer state and the largest call together).
+median. The table gives the median over the processes of: the time per call; the process's
+resident peak during a call (model, optimizer state, a compiled step's arena and what the call
+adds); what the call added; and the process's overall peak RSS, which also holds the first call
+(a compiled step's trace runs eagerly and keeps the traced tensors).
 
 - hvp: H v of the mean cross-entropy with respect to all parameters, for a random v:
   `autograd.hvp` (forward over reverse: tangents through one forward and one backward) against
@@ -125,14 +127,15 @@ def _calls(kind: str, variant: str, config_text: str) -> tuple[Any, dict[str, An
 def worker(kind: str, variant: str, config_text: str, reps: int) -> dict[str, Any]:
     """One process's figures for one variant (printed as one JSON line)."""
     from benchmarks.system import blas_info, set_threads
-    from benchmarks.timing import peak_memory_mb
+    from benchmarks.timing import _status_kb, peak_memory_mb
 
     set_threads(None)  # (starts Numba's threads before anything spins them)
     call, facts = _calls(kind, variant, config_text)
     start = time.perf_counter()
     call()
     warmup_s = time.perf_counter() - start
-    peak_mb = peak_memory_mb(call)
+    peak_mb = peak_memory_mb(call)  # (resets the peak counter before the call)
+    call_peak_mib = (_status_kb("VmHWM") or 0) / 1024
     times = []
     for _ in range(reps):
         start = time.perf_counter()
@@ -144,6 +147,7 @@ def worker(kind: str, variant: str, config_text: str, reps: int) -> dict[str, An
         "median_ms": 1e3 * statistics.median(times),
         "warmup_s": warmup_s,
         "peak_added_mib": peak_mb,
+        "call_peak_rss_mib": call_peak_mib,  # the process's resident peak during that call
         "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "blas": ", ".join(blas),
         **facts,
@@ -175,8 +179,11 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.kind}, config {args.config} ({first['parameters']:,} parameters), {args.procs} "
         f"processes x {args.reps} calls per variant; BLAS: {first['blas']}"
     )
-    print("| variant | median ms (per process) | peak added MiB | max RSS MiB | extra |")
-    print("|---|---|---|---|---|")
+    print(
+        "| variant | median ms (per process) | peak RSS during a call, MiB | of which the call "
+        "added | max RSS incl. warm-up / trace, MiB | extra |"
+    )
+    print("|---|---|---|---|---|---|")
     for v in variants:
         rs = runs[v]
         medians = [r["median_ms"] for r in rs]
@@ -184,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"| {v} | **{statistics.median(medians):.0f}** "
             f"({', '.join(f'{m:.0f}' for m in medians)}) "
+            f"| {statistics.median(r['call_peak_rss_mib'] for r in rs):.0f} "
             f"| {statistics.median(r['peak_added_mib'] for r in rs):.0f} "
             f"| {statistics.median(r['max_rss_mib'] for r in rs):.0f} "
             f"| {', '.join(f'{k} {val}' for k, val in extra.items())} |"
