@@ -115,7 +115,14 @@ class Checkpoint(Function):
         wanted = [t for t in leaves if isinstance(t, Tensor)] + list(self.inputs[n_args:])
         differentiable = [t for t in wanted if t.requires_grad]
         found = iter(
-            run_backward([out], [g], create_graph, list(hooks.ACTIVE), create_graph, differentiable)
+            run_backward(
+                [out],
+                [g],
+                retain_graph=create_graph,
+                observers=list(hooks.ACTIVE),
+                create_graph=create_graph,
+                inputs=differentiable,
+            )
             if differentiable
             else []
         )
