@@ -47,11 +47,14 @@ def checkpoint(fn: Callable[..., Tensor], *args: Any) -> Tensor:
     hooks.RNG_LOG = rng_log
     leaves = _fresh_leaves(args)
     recorder = hooks.RECORDER  # autograd.compile plans the segment (compile/recorder.py)
+    made = _OpsMade()
+    hooks.ACTIVE.append(made)
     try:
         if recorder is not None:
             recorder.segment_begin(args, leaves)
         out = fn(*leaves)
     finally:
+        hooks.ACTIVE.remove(made)
         hooks.RNG_LOG = outer_log
         if outer_log is not None:  # a checkpoint inside a checkpoint: the outer one replays too
             outer_log.extend(rng_log)
@@ -63,11 +66,20 @@ def checkpoint(fn: Callable[..., Tensor], *args: Any) -> Tensor:
         return out
     inputs = [a for a in args if isinstance(a, Tensor)]
     stand_ins = {id(t) for t in leaves if isinstance(t, Tensor)}
+    graph = _topological_order([out])
+    outside = next((t for t in graph if t._ctx is not None and id(t._ctx) not in made.ids), None)
+    if outside is not None:
+        raise ValueError(
+            f"checkpoint: fn reads a tensor of shape {outside.shape} made by {outside._ctx.name} "
+            "outside it; pass it as an argument (fn may read its arguments and leaf tensors, "
+            "such as parameters)"
+        )
     params = [  # the other leaves of fn's graph: what fn reads itself
-        t
-        for t in _topological_order([out])
-        if t._ctx is None and t.requires_grad and id(t) not in stand_ins
+        t for t in graph if t._ctx is None and t.requires_grad and id(t) not in stand_ins
     ]
+    for t in graph:  # the first run's graph is not needed: free what it saved now
+        if t._ctx is not None:
+            t._ctx.release()
     result = Checkpoint.apply(
         *inputs, *params, fn=fn, args=args, value=out.data, rng_states=_first_states(rng_log)
     )
@@ -129,6 +141,16 @@ class Checkpoint(Function):
         if recorder is not None:
             recorder.replay_end()
         return tuple(next(found) if t.requires_grad else None for t in wanted)
+
+
+class _OpsMade(hooks.Observer):
+    """The ops fn's first run applies (to tell its graph from tensors made outside it)."""
+
+    def __init__(self) -> None:
+        self.ids: set[int] = set()
+
+    def forward(self, fn: Any, out: Any, arrays: Any) -> None:
+        self.ids.add(id(fn))
 
 
 def _fresh_leaves(args: Sequence[Any], arrays: Sequence[np.ndarray] | None = None) -> list[Any]:

@@ -98,3 +98,6 @@ def test_checkpoint_without_grad_or_inside_forward_mode_is_the_plain_call(float6
     np.testing.assert_array_equal(dot.data, 2 * x.data)
     with pytest.raises(TypeError, match="fn must return one Tensor"):
         autograd.checkpoint(lambda t: (t, t), Tensor(x.data, True))
+    outer = Tensor(x.data, True) * 2  # not a leaf: fn must get it as an argument
+    with pytest.raises(ValueError, match=r"reads a tensor of shape \(3,\) made by Mul outside"):
+        autograd.checkpoint(lambda t: t * outer, Tensor(x.data, True))
