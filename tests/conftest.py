@@ -43,3 +43,14 @@ def backend(request):
     """Run a test once with the Numba kernels and once with the numpy references."""
     kernels.set_backend(request.param)
     return request.param
+
+
+# Modules whose command-line tests run a training command with its default --out (runs/...).
+_DEFAULT_OUT_MODULES = {"test_encoder", "test_seq2seq"}
+
+
+@pytest.fixture(autouse=True)
+def _default_out_in_tmp(request, monkeypatch):
+    """Run those tests in a temporary directory: a run's files never land in the checkout."""
+    if request.module.__name__.rpartition(".")[2] in _DEFAULT_OUT_MODULES:
+        monkeypatch.chdir(request.getfixturevalue("tmp_path"))
