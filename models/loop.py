@@ -137,7 +137,12 @@ class CompiledTrainStep:
     """
 
     def __init__(
-        self, model: nn.Module, loss_fn: LossFn, optimizer: nn.optim.Optimizer, grad_clip: float
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        optimizer: nn.optim.Optimizer,
+        grad_clip: float,
+        fusion: bool | str = True,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -151,14 +156,17 @@ class CompiledTrainStep:
             optimizer.step()
             return loss, norm
 
-        self.step = autograd.compile(step)
+        self.step = autograd.compile(step, fusion=fusion)
 
     def __call__(
         self, batch: Batch, lr: float, stop: threading.Event | None = None
     ) -> tuple[float, float, bool]:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if self.step.plan_for(*batch) is None:  # trace, undo the traced step, then replay it
+        plan = self.step.plan_for(*batch)
+        # A call that will trace (a new batch shape, or parameters moved by another shape's
+        # plan): trace, undo the traced step, then replay it.
+        if plan is None or not plan.still_valid():
             saved = self._state()
             self.step(*batch)
             self._restore(saved)
@@ -240,6 +248,7 @@ class Trainer:
     # second thread cost 3x on a busy machine (docs/seq2seq.md).
     blas_threads: int | None = None
     title = "training"  # of loss.png
+    fusion: bool | str = True  # of the compiled step (autograd.compile)
     # model.safetensors + config.json from the model's config dataclass (save_model, load_model)
     model_class: type[nn.Module] | None = None
     config_class: type | None = None
@@ -557,7 +566,7 @@ class Trainer:
         if compile and refusal is not None:
             _log(quiet, f"{self.name}: eager steps, not compiled: {refusal}")
         elif compile and replicas.world_size == 1 and after_backward is None:
-            compiled = CompiledTrainStep(model, loss_fn, optimizer, s["grad_clip"])
+            compiled = CompiledTrainStep(model, loss_fn, optimizer, s["grad_clip"], self.fusion)
 
         def checkpoint() -> None:
             if out is not None:

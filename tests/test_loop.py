@@ -117,3 +117,21 @@ def test_the_three_commands_write_checkpoints_and_resume(data_file, tmp_path, ca
     assert json.loads((out / "train_state.json").read_text())["step"] == 6
     with pytest.raises(SystemExit, match="cannot change --task 'add'"):
         seq2seq.main(["--out", str(out), "--resume", "--task", "add"])
+
+
+def test_fused_plans_of_several_batch_shapes_resume_bit_exactly(tmp_path):
+    # With fusion each new batch shape's plan moves the parameters into its own flat buffer, so
+    # the previous shape's plan traces again when its shape comes back: that call too must be
+    # traced, undone and replayed, not left as the traced (eager) step.
+    trainer = seq2seq.Seq2SeqTrainer()
+    trainer.fusion = True
+    _, full_settings = settings("seq2seq", None, tmp_path / "full")
+    full = trainer.train(full_settings, quiet=True)
+    _, cut_settings = settings("seq2seq", None, tmp_path / "cut")
+    trainer.train(cut_settings, quiet=True, stop=StopAfter(3))
+    resumed = trainer.train(cut_settings, resume=True, quiet=True)
+    assert resumed["loss"] == full["loss"]
+    a = nn.load_safetensors(tmp_path / "full" / "model.safetensors")[0]
+    b = nn.load_safetensors(tmp_path / "cut" / "model.safetensors")[0]
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
