@@ -241,7 +241,16 @@ class Trainer:
     name = "train"  # the command's name in its messages ("train: --steps must be >= 1")
     prog = "python -m models.train"
     description = ""
-    DEFAULTS: dict[str, Any] = {}
+    # The kind's settings and their defaults; a kind starts from these (min_lr None: lr / 10).
+    DEFAULTS: dict[str, Any] = {
+        "dropout": 0.0,
+        "min_lr": None,
+        "weight_decay": 0.0,
+        "grad_clip": 1.0,
+        "eval_every": 250,
+        "seed": 0,
+        "dtype": "float32",
+    }
     RUN_DEFINING: tuple[str, ...] = COMMON_RUN_DEFINING
     betas = (0.9, 0.99)
     # BLAS threads for the whole run (None: as the caller has it). One suits small products: a
@@ -249,7 +258,7 @@ class Trainer:
     blas_threads: int | None = None
     title = "training"  # of loss.png
     fusion: bool | str = True  # of the compiled step (autograd.compile)
-    # model.safetensors + config.json from the model's config dataclass (save_model, load_model)
+    # The model and its config dataclass (build; save_model and load_model by default)
     model_class: type[nn.Module] | None = None
     config_class: type | None = None
 
@@ -269,9 +278,16 @@ class Trainer:
         """The data (anything the other hooks need); saved: the run's directory on --resume."""
         raise NotImplementedError
 
+    def config_fields(self, settings: dict[str, Any], data: Any) -> dict[str, Any]:
+        """The model config's fields besides n_layer, n_head, n_embd and dropout."""
+        raise NotImplementedError
+
     def build(self, settings: dict[str, Any], data: Any) -> nn.Module:
         """A new model, initialised from settings["seed"], in settings["dtype"]."""
-        raise NotImplementedError
+        s = settings
+        sizes = {k: s[k] for k in ("n_layer", "n_head", "n_embd", "dropout")}
+        config = self.config_class(**sizes, **self.config_fields(s, data))
+        return self.model_class(config, rng=np.random.default_rng(s["seed"])).to(s["dtype"])
 
     def save_model(self, out: Path, model: nn.Module, data: Any, stamp: dict[str, str]) -> None:
         """model.safetensors (carrying `stamp` as metadata) and what loading it needs."""
@@ -323,8 +339,8 @@ class Trainer:
         raise NotImplementedError
 
     def report(self, history: dict[str, Any], data: Any, settings: dict[str, Any]) -> list[str]:
-        """The result lines: the first joins the summary line, the others follow it."""
-        raise NotImplementedError
+        """Result lines printed last, after the summary line (which has the val loss)."""
+        return []
 
     def sample(self, model: nn.Module, data: Any, settings: dict[str, Any]) -> str | None:
         """What the trained model produces, printed after the summary line (None: nothing)."""
@@ -503,28 +519,9 @@ class Trainer:
 
     # --- the run -------------------------------------------------------------------------------
 
-    def train(
-        self,
-        settings: dict[str, Any],
-        resume: bool = False,
-        quiet: bool = False,
-        after_backward: GradHook | None = None,
-        stop: threading.Event | None = None,
-        replicas: Replicas = SINGLE_PROCESS,
-        compile: bool = True,
-    ) -> dict[str, Any]:
-        """Run (or continue) training with resolved settings; returns the history dict.
-
-        compile: replay the step through autograd.compile (the default; one process, no
-        after_backward hook); with compile=False, several ranks or a hook, every step runs eagerly.
-
-        history: "step"/"loss"/"lr" per step; "eval_step" and "eval_<metric>" per evaluation
-        (the GPT's "eval_train", "eval_val"); "baseline" (the loss's), "baselines" (by metric),
-        "interrupted", "compiled", "step_ms",
-        "tokens_per_s", "seconds", "world_size", "sample". With replicas (models.ddp), only the
-        main process logs, evaluates and saves.
-        """
-        return self.fit(settings, resume, quiet, after_backward, stop, replicas, compile)[1]
+    def train(self, settings: dict[str, Any], **options: Any) -> dict[str, Any]:
+        """fit() without the model: the run's history."""
+        return self.fit(settings, **options)[1]
 
     def fit(
         self,
@@ -536,7 +533,17 @@ class Trainer:
         replicas: Replicas = SINGLE_PROCESS,
         compile: bool = True,
     ) -> tuple[nn.Module, dict[str, Any]]:
-        """train(), returning the trained model too."""
+        """Run (or continue) training with resolved settings; returns the model and the history.
+
+        compile: replay the step through autograd.compile (the default; one process, no
+        after_backward hook); with compile=False, several ranks or a hook, every step runs eagerly.
+
+        history: "step"/"loss"/"lr" per step; "eval_step" and "eval_<metric>" per evaluation
+        (the GPT's "eval_train", "eval_val"); "baseline" (the loss's), "baselines" (by metric),
+        "interrupted", "compiled", "step_ms",
+        "tokens_per_s", "seconds", "world_size", "sample". With replicas (models.ddp), only the
+        main process logs, evaluates and saves.
+        """
         from tqdm import tqdm
 
         s, stop = settings, stop or threading.Event()
@@ -700,8 +707,8 @@ class Trainer:
         with self.stop_on_interrupt() as stop:
             history = self.train(
                 settings,
-                args.resume,
-                args.quiet,
+                resume=args.resume,
+                quiet=args.quiet,
                 stop=stop,
                 replicas=replicas,
                 compile=args.compile,
@@ -709,18 +716,20 @@ class Trainer:
         if history["interrupted"]:
             return 130
         if replicas.is_main:
-            report = history["report"]
+            val = history["eval_val"][-1] if history.get("eval_val") else float("nan")
             where = f" on {replicas.world_size} ranks" if replicas.world_size > 1 else ""
             files = (
                 "" if settings["out"] is None else f"; checkpoint and loss.png in {settings['out']}"
             )
+            speed = f"{history['tokens_per_s']:,.0f} tokens/s{_speedup(history)}"
+            loss = f"val loss {val:.3f} vs unigram baseline {history['baseline']:.3f} nats/token"
             print(
-                f"done: {settings['steps']} steps{where} in {history['seconds']:.0f} s "
-                f"({history['tokens_per_s']:,.0f} tokens/s{_speedup(history)}); {report[0]}{files}"
+                f"done: {settings['steps']} steps{where} in {history['seconds']:.0f} s ({speed}); "
+                f"{loss}{files}"
             )
             if "sample" in history:
                 print(history["sample"])
-            for line in report[1:]:
+            for line in history["report"]:
                 print(line)
         return 0
 

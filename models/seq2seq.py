@@ -378,21 +378,16 @@ class Seq2SeqTrainer(loop.Trainer):
     title = "encoder-decoder"
     # The defaults every task shares; the others are the task's (defaults(), TASKS).
     DEFAULTS: dict[str, Any] = {
+        **loop.Trainer.DEFAULTS,
         "task": "reverse",
         "n_layer": 2,
         "n_head": 4,
-        "dropout": 0.0,
         "post_ln": False,
         "positions": "learned",
-        "min_lr": None,
         "warmup": 100,
-        "weight_decay": 0.0,
-        "grad_clip": 1.0,
         "eval_every": 200,
         "eval_size": 1000,
         "bucket": False,
-        "seed": 0,
-        "dtype": "float32",
     }
     RUN_DEFINING = (
         *loop.COMMON_RUN_DEFINING,
@@ -455,19 +450,14 @@ class Seq2SeqTrainer(loop.Trainer):
         held_out = held_out_set(task, s["eval_size"], s["min_len"], s["max_len"], s["seed"])
         return DigitData(task, s["min_len"], s["max_len"], held_out)
 
-    def build(self, s: dict[str, Any], data: DigitData) -> Seq2Seq:
+    def config_fields(self, s: dict[str, Any], data: DigitData) -> dict[str, Any]:
         max_src, max_tgt = data.task.max_lengths(s["max_len"])
-        config = Seq2SeqConfig(
-            max_src_len=max_src,
-            max_tgt_len=max_tgt + 1,  # + EOS
-            n_layer=s["n_layer"],
-            n_head=s["n_head"],
-            n_embd=s["n_embd"],
-            dropout=s["dropout"],
-            pre_ln=not s["post_ln"],
-            positions=s["positions"],
-        )
-        return Seq2Seq(config, rng=np.random.default_rng(s["seed"])).to(s["dtype"])
+        return {
+            "max_src_len": max_src,
+            "max_tgt_len": max_tgt + 1,  # + EOS
+            "pre_ln": not s["post_ln"],
+            "positions": s["positions"],
+        }
 
     def batch(
         self, s: dict[str, Any], data: DigitData, step: int, rank: int, world_size: int
@@ -512,10 +502,8 @@ class Seq2SeqTrainer(loop.Trainer):
 
     def report(self, history: dict[str, Any], data: DigitData, s: dict[str, Any]) -> list[str]:
         return [
-            f"held-out loss {history['eval_val'][-1]:.4f} vs unigram baseline "
-            f"{history['baseline']:.3f} nats/token",
             f"exact-match accuracy: {history['eval_exact_match'][-1]:.4f} on "
-            f"{len(data.held_out)} held-out sequences",
+            f"{len(data.held_out)} held-out sequences"
         ]
 
     def sample(self, model: Seq2Seq, data: DigitData, s: dict[str, Any]) -> str:

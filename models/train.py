@@ -45,6 +45,7 @@ class GPTTrainer(loop.Trainer):
     title = "GPT training"
     # The demo defaults: tuned to finish in a few minutes on 2 CPU cores (see docs/gpt.md).
     DEFAULTS: dict[str, Any] = {
+        **loop.Trainer.DEFAULTS,
         "data": None,
         "tokenizer": "char",
         "vocab_size": 1024,
@@ -55,20 +56,17 @@ class GPTTrainer(loop.Trainer):
         "n_layer": 4,
         "n_head": 4,
         "n_embd": 128,
-        "dropout": 0.0,
         "lr": 3e-3,
         "min_lr": 3e-4,
         "warmup": 60,
         "weight_decay": 0.1,
-        "grad_clip": 1.0,
-        "eval_every": 250,
         "eval_batches": 4,
         "seed": 1337,
-        "dtype": "float32",
         "sample_tokens": 400,
         "sample_prompt": "def ",
     }
     RUN_DEFINING = (*loop.COMMON_RUN_DEFINING, "data", "tokenizer", "vocab_size", "block_size")
+    model_class, config_class = GPT, GPTConfig
 
     def add_arguments(self, add: Any) -> None:
         add("--data", "UTF-8 text file to train on (default: Python standard library sources)")
@@ -95,16 +93,8 @@ class GPTTrainer(loop.Trainer):
         }
         return LanguageData(corpus, evals)
 
-    def build(self, s: dict[str, Any], data: LanguageData) -> GPT:
-        config = GPTConfig(
-            vocab_size=data.corpus.tokenizer.vocab_size,
-            block_size=s["block_size"],
-            n_layer=s["n_layer"],
-            n_head=s["n_head"],
-            n_embd=s["n_embd"],
-            dropout=s["dropout"],
-        )
-        return GPT(config, rng=np.random.default_rng(s["seed"])).to(s["dtype"])
+    def config_fields(self, s: dict[str, Any], data: LanguageData) -> dict[str, Any]:
+        return {"vocab_size": data.corpus.tokenizer.vocab_size, "block_size": s["block_size"]}
 
     def save_model(self, out: Path, model: GPT, data: LanguageData, stamp: dict[str, str]) -> None:
         model.save_pretrained(out, metadata=stamp)
@@ -138,10 +128,6 @@ class GPTTrainer(loop.Trainer):
             f"data: {c.source}, {len(c.train):,} train / {len(c.val):,} val tokens; unigram "
             f"baseline {self.baselines(data)['val']:.3f} nats/token"
         )
-
-    def report(self, history: dict[str, Any], data: LanguageData, s: dict[str, Any]) -> list[str]:
-        val = history["eval_val"][-1] if history.get("eval_val") else float("nan")
-        return [f"val loss {val:.3f} vs unigram baseline {history['baseline']:.3f} nats/token"]
 
     def sample(self, model: GPT, data: LanguageData, s: dict[str, Any]) -> str | None:
         if s["sample_tokens"] <= 0:

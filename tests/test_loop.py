@@ -10,12 +10,16 @@ import pytest
 import nn
 from models import encoder, seq2seq, train
 from models.seq2seq import PAD
+from tests.test_train import _StopAfter as StopAfter
 
 TEXT = "def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n    y = 2\n\n" * 30
 TINY = ["--steps", "8", "--eval-every", "4", "--n-layer", "1", "--n-head", "2", "--n-embd", "16"]
 KINDS = {
     "gpt": (train.TRAINER, ["--batch-size", "4", "--block-size", "16", "--eval-batches", "1"]),
-    "encoder": (encoder.TRAINER, ["--batch-size", "4", "--block-size", "16", "--eval-batches", "2"]),
+    "encoder": (
+        encoder.TRAINER,
+        ["--batch-size", "4", "--block-size", "16", "--eval-batches", "2"],
+    ),
     # Batches of one source length: seq2seq's padded batches do not compile (see below).
     "seq2seq": (seq2seq.TRAINER, ["--batch-size", "8", "--eval-size", "20", "--bucket"]),
 }
@@ -36,17 +40,6 @@ def settings(kind, data_file, out, *extra):
     if kind == "gpt":
         argv += ["--sample-tokens", "0"]
     return trainer, trainer.resolve_settings(trainer.build_parser().parse_args(argv))
-
-
-class StopAfter:
-    """A stop request seen at the end of step n (as a Ctrl-C during that step)."""
-
-    def __init__(self, n):
-        self.n, self.calls = n, 0
-
-    def is_set(self):
-        self.calls += 1
-        return self.calls >= self.n
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "eager"])
