@@ -8,6 +8,10 @@ ways (nn.EncoderBlock: no causal mask, so the characters after a gap count as mu
 before it). A decoder-only GPT could only use the left side. The score is the fraction of masked
 characters of the validation text predicted exactly, beside the unigram baseline: always
 guessing the training text's most frequent character.
+
+The training is the one loop of models/loop.py (EncoderTrainer plugs in the masked batches, the
+evaluation and the model's files): checkpoints and loss.png in --out (runs/encoder), --resume,
+Ctrl-C, the compiled step, --ddp.
 """
 
 from __future__ import annotations

@@ -354,8 +354,13 @@ class Trainer:
         def add(flag: str, help: str, **kwargs: Any) -> None:
             # default=None everywhere: a resumed run must tell what was typed from the defaults.
             key = flag[2:].replace("-", "_")
-            if key in self.DEFAULTS and kwargs.get("action") != "store_true":
-                help += f" (default {self.DEFAULTS[key]!r})"
+            default = self.DEFAULTS.get(key)
+            if default is not None and kwargs.get("action") != "store_true":
+                help += (
+                    f" (default {default!r})"
+                    if isinstance(default, str)
+                    else f" (default {default})"
+                )
             p.add_argument(flag, help=help, **kwargs)
 
         add("--out", "checkpoint directory, also the one --resume continues")

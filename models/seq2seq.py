@@ -15,6 +15,11 @@ recomputes everything from scratch each step and gives the same tokens.
 The tasks are generated in code: `reverse` and `sort` a string of digits, `add` writes the sum of
 two numbers. Held-out sequences are fixed by a hash of the source text (`is_held_out`), so
 training never draws one, whatever the seed, and the final accuracy is on sources it never saw.
+
+The training is the one loop of models/loop.py (Seq2SeqTrainer plugs in the batches, the
+evaluation and the model's files): checkpoints and loss.png in --out (runs/seq2seq-TASK),
+--resume, Ctrl-C, --ddp. Its padded batches run eagerly (the loop says why); with --bucket,
+batches of one source length, the steps go through the compiled step.
 """
 
 from __future__ import annotations
