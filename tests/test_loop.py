@@ -128,3 +128,17 @@ def test_fused_plans_of_several_batch_shapes_resume_bit_exactly(tmp_path):
     b = nn.load_safetensors(tmp_path / "cut" / "model.safetensors")[0]
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_each_rank_takes_its_rows_of_the_one_global_batch(kind, data_file, tmp_path):
+    # --ddp: rank r of n takes rows r, r + n, ... of what one process draws, every array alike
+    # (the encoder's masks and targets too), so the ranks together train on the same batch.
+    trainer, s = settings(kind, data_file, tmp_path)
+    data = trainer.prepare(s, None)
+    whole = trainer.batch(s, data, 5, 0, 1)
+    for rank in range(2):
+        part = trainer.batch(s, data, 5, rank, 2)
+        assert len(part) == len(whole)
+        for mine, all_rows in zip(part, whole, strict=True):
+            np.testing.assert_array_equal(mine, all_rows[rank::2])
