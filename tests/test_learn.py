@@ -5,6 +5,7 @@ wrong. The language is always set explicitly (the machine's locale never matters
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,19 @@ def test_every_message_and_exercise_text_exists_in_both_languages():
         for field in (e.title, e.statement, e.hints):
             assert set(field) == {"en", "zh"} and all(field.values()), e.number
         assert len(e.hints["en"]) == len(e.hints["zh"]) == 3
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@pytest.mark.parametrize(("doc", "lang"), [("learn.md", "en"), ("learn.zh.md", "zh")])
+def test_the_guides_snippets_run_and_their_sample_failure_is_what_check_prints(tmp_path, doc, lang):
+    text = (DOCS / doc).read_text(encoding="utf-8")
+    for code in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+        exec(compile(code, doc, "exec"), {})
+    start(tmp_path, lang)
+    write_solution(
+        tmp_path, 5, "return a * (g - (a * g).sum(axis=-1, keepdims=True))", "return a * g"
+    )
+    printed = "\n".join(grade(tmp_path, 5, lang).lines)
+    assert printed in text, printed

@@ -329,6 +329,8 @@ def probe(name: str, learner: Callable, ref: Callable, args: tuple, lang: str) -
     for part, g, e in zip(labels, got, expected, strict=True):
         if _close(g, e):
             continue
+        index = labels.index(part)
+        part = {"en": "the result", "zh": "结果"}[lang] if part == "result" else part
         where = _describe_args(args)
         if g.shape != e.shape:
             line = say(
@@ -354,7 +356,7 @@ def probe(name: str, learner: Callable, ref: Callable, args: tuple, lang: str) -
             expected=float(e[worst]),
             got=float(g[worst]),
         )
-        key = _diagnose(name, part, labels.index(part), g, e, args)
+        key = _diagnose(name, index, g, e, args)
         raise Failed(line, key, say(key, lang, part=part, factor=_factor(g, e)) if key else None)
 
 
@@ -363,7 +365,7 @@ def _factor(got, expected) -> float:
     return float(np.sum(got * expected)) / denom if denom else math.nan
 
 
-def _diagnose(name, part, index, got, expected, args) -> str | None:
+def _diagnose(name, index, got, expected, args) -> str | None:
     for key, wrong in MISTAKES.get(name, []):
         with np.errstate(all="ignore"):
             mistaken = _parts(name, wrong(*_copy(args)))[index]

@@ -39,7 +39,7 @@ MESSAGES: dict[str, dict[str, str]] = {
     "probe": {
         "en": "{name}{args}: {part} differs; worst element {index}: expected {expected:.10g}, "
         "got {got:.10g}",
-        "zh": "{name}{args}：{part} 不对；最差元素 {index}：应为 {expected:.10g}，得到 {got:.10g}",
+        "zh": "{name}{args}：{part}不对；最差元素 {index}：应为 {expected:.10g}，得到 {got:.10g}",
     },
     "shape": {
         "en": "{name}{args}: {part} has shape {got}, expected {expected}",
