@@ -104,6 +104,12 @@ WRONG = [
         "d_not_accumulated",
     ),
     (
+        8,
+        "np.add.at(dx, tuple(coords), g)",
+        "np.put_along_axis(dx, index, g, axis=axis)",
+        "d_not_accumulated",
+    ),
+    (
         9,
         "s = np.where(allowed, q @ k.swapaxes(-1, -2) * scale, -np.inf)",
         "s = q @ k.swapaxes(-1, -2) * scale",

@@ -353,28 +353,39 @@ EXERCISES: tuple[Exercise, ...] = (
         8,
         "embedding",
         "2.1, 10.9",
-        {"en": "Embedding with repeated ids", "zh": "嵌入查表与重复的 id"},
+        {"en": "Embedding and gather with repeated ids", "zh": "嵌入查表、gather 与重复的 id"},
         {
             "en": "X = E[idx]: the rows of E (V, C) for integer ids idx of any shape. Given "
             "g = dL/dX (idx.shape + (C,)), return dE (V, C). An id that occurs several times "
-            "receives the sum of the gradients of all its occurrences.",
+            "receives the sum of the gradients of all its occurrences. gather_backward(index, g, shape, "
+            "axis): out = np.take_along_axis(x, index, axis) for x of `shape`, index and g of one "
+            "shape (equal to x's except along axis); return dx: again, a repeated index adds.",
             "zh": "X = E[idx]：按任意形状的整数 id 取 E (V, C) 的行。已知 g = dL/dX（形状 "
-            "idx.shape + (C,)），返回 dE (V, C)。出现多次的 id 收到它所有出现处梯度之和。",
+            "idx.shape + (C,)），返回 dE (V, C)。出现多次的 id 收到它所有出现处梯度之和。"
+            "gather_backward(index, g, shape, axis)：out = np.take_along_axis(x, index, axis)，x 的形状为 "
+            "shape，index 与 g 同形状（除 axis 外与 x 相同）；返回 dx：同样，重复的索引相加。",
         },
         {
             "en": (
-                "Notes 10.9: dE[w, :] = sum over i with t_i = w of dX[i, :].",
+                "Notes 10.9: dE[w, :] = sum over i with t_i = w of dX[i, :]. gather is the same "
+                "along any axis: dx[..., index[..., j], ...] += g[..., j, ...].",
                 "Flatten idx to (n,) and g to (n, C). dE[idx] += g does NOT add repeats (numpy "
-                "buffers the fancy index: the last write wins); np.add.at does.",
+                "buffers the fancy index: the last write wins); np.add.at does. gather: the full "
+                "coordinates of g's elements are np.indices(g.shape) with index put in along "
+                "axis; np.put_along_axis does not add repeats either.",
                 "dE = np.zeros((vocab_size, C)); np.add.at(dE, idx.ravel(), g.reshape(-1, C)); "
-                "return dE",
+                "return dE\ngather: coords = list(np.indices(g.shape, sparse=True)); "
+                "coords[axis] = index; dx = np.zeros(shape); np.add.at(dx, tuple(coords), g)",
             ),
             "zh": (
-                "笔记 10.9：Ē_{w,:} = Σ_{i: t_i = w} X̄_{i,:}。",
+                "笔记 10.9：Ē_{w,:} = Σ_{i: t_i = w} X̄_{i,:}。gather 沿任意轴都一样："
+                "dx[..., index[..., j], ...] += g[..., j, ...]。",
                 "把 idx 展平为 (n,)，g 展平为 (n, C)。dE[idx] += g 不会累加重复的 id（numpy 对花式"
-                "索引做缓冲：最后一次写入生效）；np.add.at 会。",
+                "索引做缓冲：最后一次写入生效）；np.add.at 会。gather：g 中元素的完整坐标是 "
+                "np.indices(g.shape)，并在 axis 上换成 index；np.put_along_axis 同样不会累加重复。",
                 "dE = np.zeros((vocab_size, C)); np.add.at(dE, idx.ravel(), g.reshape(-1, C)); "
-                "return dE",
+                "return dE\ngather: coords = list(np.indices(g.shape, sparse=True)); "
+                "coords[axis] = index; dx = np.zeros(shape); np.add.at(dx, tuple(coords), g)",
             ),
         },
         (
@@ -383,8 +394,17 @@ EXERCISES: tuple[Exercise, ...] = (
                 "idx, g, vocab_size",
                 "idx int (...), g (..., C), vocab_size: int -> dE (vocab_size, C)",
             ),
+            Function(
+                "gather_backward",
+                "index, g, shape, axis",
+                "index int and g of one shape, shape of x, axis >= 0 -> dx of shape",
+            ),
         ),
-        ("autograd.functional:Embedding", "autograd.kernels.embedding:embedding_backward_numpy"),
+        (
+            "autograd.functional:Embedding",
+            "autograd.kernels.embedding:embedding_backward_numpy",
+            "autograd.functional:Gather",
+        ),
         "import numpy as np\n",
     ),
     Exercise(

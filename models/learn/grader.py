@@ -160,6 +160,10 @@ def _probes() -> dict[str, list[tuple]]:
             (r.standard_normal((2, 3, 4)), r.standard_normal(4), r.standard_normal((2, 3, 4)), 1e-5)
         ],
         "embedding_backward": [(ids, r.standard_normal((2, 3, 2)), 5)],
+        "gather_backward": [
+            (np.array([[0, 2, 0, 0], [1, 1, 2, 0]]), r.standard_normal((2, 4)), (2, 3), 1),
+            (np.array([[1, 1, 0]]), r.standard_normal((1, 3)), (2, 3), 0),
+        ],
         "attention_backward": [(q, k, v, r.standard_normal((1, 2, 4, 2)), _causal(4, 4))],
         "adamw_step": [
             (
@@ -215,6 +219,12 @@ def _embedding_assigned(idx, g, vocab_size):
     dE = np.zeros((vocab_size, g.shape[-1]))
     dE[idx.reshape(-1)] += g.reshape(-1, g.shape[-1])
     return dE
+
+
+def _gather_put(index, g, shape, axis):
+    dx = np.zeros(shape)
+    np.put_along_axis(dx, index, g, axis=axis)
+    return dx
 
 
 def _max_each_tie(a, g, axes, keepdims):
@@ -273,6 +283,7 @@ MISTAKES: dict[str, list[tuple[str, Callable]]] = {
     ],
     "layer_norm_backward": [("d_constant_statistics", _ln_constant_statistics)],
     "embedding_backward": [("d_not_accumulated", _embedding_assigned)],
+    "gather_backward": [("d_not_accumulated", _gather_put)],
     "attention_backward": [
         ("d_mask_gradient", _attention_unmasked),
         ("d_transposed", _attention_dk_untransposed),
@@ -500,9 +511,22 @@ def _cases(number: int) -> list[Case]:
         ]
     if number == 8:
         ids = np.array([[1, 1, 3], [0, 1, 3]])
+        index = np.array([[2, 0, 2, 2], [1, 1, 0, 1], [0, 0, 0, 2]])  # repeats along each row
         return [
             Case(
                 "F.embedding(E, ids)", lambda w: F.embedding(w, ids), lambda w: w[ids], [n((4, 3))]
+            ),
+            Case(
+                "F.gather(x, index, axis=1)",
+                lambda x: F.gather(x, index, 1),
+                lambda a: np.take_along_axis(a, index, 1),
+                [n((3, 3))],
+            ),
+            Case(
+                "F.gather(x, index, axis=-2)",
+                lambda x: F.gather(x, index[:2], -2),
+                lambda a: np.take_along_axis(a, index[:2], -2),
+                [n((3, 4))],
             ),
         ]
     if number == 9:

@@ -134,6 +134,20 @@ def _embedding(learner: Callable) -> list:
     return [(F.Embedding, "backward", backward)]
 
 
+def _gather(learner: Callable) -> list:
+    own_gather = F.Gather.backward
+
+    def backward(self, g):
+        shape, index, axis = self.saved
+        axis %= len(shape)
+        others = [d for d in range(len(shape)) if d != axis]
+        if index.shape != g.shape or any(g.shape[d] != shape[d] for d in others):
+            return own_gather(self, g)  # broadcast size-1 dims: glassgrad's own (not the exercise)
+        return (np.asarray(learner(index, g, shape, axis), dtype=g.dtype),)
+
+    return [(F.Gather, "backward", backward)]
+
+
 def _attention(learner: Callable) -> list:
     def fused(self, g):
         q, k, v, _, _, causal = self.saved
@@ -187,6 +201,7 @@ ADAPTERS: dict[str, Callable[[Callable], list]] = {
     "cross_entropy_backward": _cross_entropy,
     "layer_norm_backward": _layer_norm,
     "embedding_backward": _embedding,
+    "gather_backward": _gather,
     "attention_backward": _attention,
     "adamw_step": _adamw,
 }
