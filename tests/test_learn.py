@@ -247,6 +247,8 @@ def test_the_cli_start_fail_hint_solution_status(tmp_path, capsys):
     cli.main(["--lang", "en", "status", str(ws)])
     out = capsys.readouterr().out
     assert "[x]  5. Softmax" in out and "1 of 11 passed" in out
+    assert cli.main(["hint", str(ws), "11"]) == 2 and cli.main(["check", str(ws), "12"]) == 2
+    assert "综合练习没有自己的代码" in capsys.readouterr().err
     # start again keeps the learner's file
     cli.main(["start", str(ws), "--lang", "en"])
     assert "exists" in capsys.readouterr().out

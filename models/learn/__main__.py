@@ -118,7 +118,8 @@ def status(workspace: Path, lang: str) -> list[str]:
             )
         )
     mark = "[x]" if CAPSTONE in progress["passed"] else "[ ]"
-    lines.append(f"{mark} {CAPSTONE:>2}. {say('capstone', lang)} (11)")
+    chapter = {"en": " (notes ch. 11)", "zh": "（笔记第 11 章）"}[lang]
+    lines.append(f"{mark} {CAPSTONE:>2}. {say('capstone', lang)}{chapter}")
     lines.append(say("status_summary", lang, passed=len(progress["passed"]), total=CAPSTONE))
     return lines
 
@@ -177,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for report in reports:
             print("\n".join(report.lines))
         return 0 if all(r.passed for r in reports) else 1
+    if args.command in ("hint", "solution") and args.n == CAPSTONE:  # it has no code of its own
+        print(say("capstone_no_hint", lang), file=sys.stderr)
+        return 2
     if args.command == "hint":
         lines = hint(workspace, args.n, lang)
     elif args.command == "solution":

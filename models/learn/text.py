@@ -159,6 +159,11 @@ MESSAGES: dict[str, dict[str, str]] = {
     },
     # --- capstone ---
     "capstone": {"en": "capstone", "zh": "综合练习"},
+    "capstone_no_hint": {
+        "en": "the capstone has no code of its own: it runs your ten pieces together (hints and "
+        "solutions are per exercise, 1-10)",
+        "zh": "综合练习没有自己的代码：它把你的十个部件一起运行（提示与答案按练习给出，1-10）",
+    },
     "capstone_needs": {
         "en": "the capstone runs every piece at once: pass exercises {missing} first",
         "zh": "综合练习同时运行所有部件：请先通过练习 {missing}",
