@@ -4,6 +4,7 @@ progress (.learn.json: the language, the exercises passed, the hints read)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from models.learn.exercises import EXERCISES, Exercise
@@ -18,7 +19,7 @@ and yours are plugged in their place when you run
 
     python -m models.learn check {dir} N      # one exercise (N = 1..{last}), or `all`
     python -m models.learn hint {dir} N       # three hints: the notes' formula, shapes, pseudo-code
-    python -m models.learn solution N         # after a pass or the last hint
+    python -m models.learn solution N --dir {dir}   # after a pass or the last hint
     python -m models.learn status {dir}
 
 `check` runs the engine on your code (forward against numpy, gradients against central
@@ -38,7 +39,7 @@ whose losses must equal glassgrad's to 1e-9.
 
     python -m models.learn check {dir} N      # 一个练习（N = 1..{last}），或 `all`
     python -m models.learn hint {dir} N       # 三级提示：笔记的公式、形状、伪代码
-    python -m models.learn solution N         # 通过或读完最后一条提示之后
+    python -m models.learn solution N --dir {dir}   # 通过或读完最后一条提示之后
     python -m models.learn status {dir}
 
 `check` 让引擎运行你的代码（前向与 numpy 比较，梯度与中心差分比较，不得原地修改输入），出错时
@@ -59,10 +60,10 @@ def stub(exercise: Exercise, lang: str) -> str:
         header = f"练习 {exercise.number}：{exercise.title[lang]}（笔记 {exercise.sections}）"
     else:
         header = f"Exercise {exercise.number}: {exercise.title[lang]} (notes {exercise.sections})"
-    body = _wrap(exercise.statement[lang], lang)
+    body = _wrap(exercise.statement[lang])
     parts = [f'"""{header}\n\n{body}\n"""\n']
     if exercise.imports:
-        parts.append(exercise.imports)
+        parts.append("\n" + exercise.imports)
     for f in exercise.functions:
         parts.append(
             f"\n\ndef {f.name}({f.signature}):\n"
@@ -72,18 +73,20 @@ def stub(exercise: Exercise, lang: str) -> str:
     return "".join(parts)
 
 
-def _wrap(text: str, lang: str, width: int = 96) -> str:
-    """Lines of at most `width` columns (a CJK character counts two)."""
-    lines, line, columns = [], "", 0
-    tokens = text.split(" ") if lang == "en" else list(text)
-    joiner = " " if lang == "en" else ""
-    for token in tokens:
-        w = sum(2 if ord(ch) > 0x2E80 else 1 for ch in token) + len(joiner)
-        if columns + w > width and line:
+_TOKEN = re.compile(r"[\u2e80-\uffff]|[^\s\u2e80-\uffff]+|\s+")  # a CJK character, a word, spaces
+
+
+def _wrap(text: str, width: int = 96) -> str:
+    """Lines of at most `width` columns (a CJK character counts two); a line breaks between
+    words or between CJK characters, never inside a word or a formula's token."""
+    lines, line = [], ""
+    for token in _TOKEN.findall(text):
+        columns = sum(2 if ord(ch) >= 0x2E80 else 1 for ch in line + token)
+        if columns > width and line.strip():
             lines.append(line.rstrip())
-            line, columns = "", 0
-        line += token + joiner
-        columns += w
+            line = "" if token.isspace() else token
+        else:
+            line += token
     lines.append(line.rstrip())
     return "\n".join(lines)
 
@@ -99,7 +102,14 @@ def start(directory: Path, lang: str) -> list[Path]:
             kept.append(path)
         else:
             path.write_text(stub(exercise, lang), encoding="utf-8")
-    table = "\n".join(f"{e.number}. `{e.file}`: {e.title[lang]} ({e.sections})" for e in EXERCISES)
+    line = {
+        "en": "{n}. `{file}`: {title} (notes {sections})",
+        "zh": "{n}. `{file}`：{title}（笔记 {sections}）",
+    }[lang]
+    table = "\n".join(
+        line.format(n=e.number, file=e.file, title=e.title[lang], sections=e.sections)
+        for e in EXERCISES
+    )
     readme = README_TEXT[lang].format(
         dir=directory, last=len(EXERCISES), table=table, capstone=len(EXERCISES) + 1
     )
