@@ -162,12 +162,15 @@ class Plan:
                         (pos_r if isinstance(step, Recompute) else pos_b)[id(node)] = position
                         position += 1
         self.pos_f, self.pos_b, self.pos_r = pos_f, pos_b, pos_r
-        self.segment_of: dict[int, Segment] = {
-            id(node): segment for segment in rec.segments for node in segment.nodes
-            if id(node) in pos_r
-        }  # fmt: skip
-        made_in = {node.out.id: self.segment_of[id(node)] for node in rec.nodes
-                   if id(node) in self.segment_of}  # fmt: skip
+        recomputed = [  # the checkpointed segments whose backward ran (so were recomputed)
+            step.segment
+            for entry in rec.program
+            if entry[0] == "backward"
+            for step in entry[2]
+            if isinstance(step, Recompute)
+        ]
+        self.segment_of = {id(node): seg for seg in recomputed for node in seg.nodes}
+        made_in = {node.out.id: seg for seg in recomputed for node in seg.nodes}
         self.root: dict[int, int] = {}  # value id -> id of the value owning its memory
         last: dict[int, float] = {}
         last_r: dict[int, float] = {}  # the recomputed buffers of checkpointed segments
