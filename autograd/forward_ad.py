@@ -171,7 +171,9 @@ def hvp(fn: Callable[..., Tensor], inputs: Any, v: Any) -> tuple[Tensor, Any]:
     """(fn(*inputs), H v) for a scalar fn, forward-over-reverse: the inputs carry v as their
     tangent, the forward pass records the graph, and the backward pass runs its VJPs on Tensors
     (create_graph) but under no_grad: nothing of it is recorded, and the tangent of the gradient,
-    d(grad fn)/dx v, is H v. One forward and one backward, each about twice the work.
+    d(grad fn)/dx v, is H v. One forward and one backward, each op doing its value and its
+    tangent; no graph of the backward is kept (docs/benchmarks.md: on a GPT, the time of reverse
+    over reverse and a third of its memory).
 
     inputs: a Tensor or a sequence; v has the same structure. Input Tensors that require grad
     are used as they are (fn may read them from a model); their tangent is dropped on return.
