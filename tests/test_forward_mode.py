@@ -56,6 +56,13 @@ def test_dual_level_errors_name_the_problem():
     with forward_ad.dual_level(), pytest.raises(NotImplementedError, match="NoRule has no JVP"):
         NoRule.apply(forward_ad.make_dual(np.ones(2), np.ones(2)))
 
+    class WrongShape(NoRule):
+        def jvp(self, out, a_dot):
+            return a_dot.sum()
+
+    with forward_ad.dual_level(), pytest.raises(RuntimeError, match=r"jvp of WrongShape: .* \(\)"):
+        WrongShape.apply(forward_ad.make_dual(np.ones(2), np.ones(2)))
+
 
 def test_jvp_by_the_rules_equals_the_transpose_trick(float64):
     primals = (rand(4, 3), rand(3, 5, seed=1), rand(5, 2, seed=2))
