@@ -15,7 +15,18 @@ except ImportError as exc:
     ) from exc
 from autograd.functional import apply_rotary, linear, rotary_tables  # the primitives layers use
 from nn import optim
-from nn.attention import Block, CausalSelfAttention, LayerKVCache
+from nn.attention import (
+    Attention,
+    Block,
+    CausalSelfAttention,
+    CrossAttention,
+    DecoderBlock,
+    EncoderBlock,
+    LayerKVCache,
+    RotaryPositions,
+    SelfAttention,
+    grouped_attention,
+)
 from nn.checkpoint import (
     CheckpointError,
     join_optimizer_state,
@@ -32,6 +43,7 @@ from nn.layers import (
     MLP,
     Dropout,
     Embedding,
+    GatedMLP,
     LayerNorm,
     Linear,
     ReLU,
@@ -40,10 +52,6 @@ from nn.layers import (
 from nn.module import Module, ModuleList, Parameter, Sequential
 from nn.optim import clip_grad_norm_
 from nn.transformer import (
-    CrossAttention,
-    DecoderBlock,
-    EncoderBlock,
-    SelfAttention,
     SinusoidalPositions,
     position_embedding,
     sinusoidal_table,
@@ -52,6 +60,7 @@ from nn.transformer import (
 __all__ = [
     "GELU",
     "MLP",
+    "Attention",
     "Block",
     "CausalSelfAttention",
     "CheckpointError",
@@ -59,6 +68,7 @@ __all__ = [
     "DecoderBlock",
     "Dropout",
     "Embedding",
+    "GatedMLP",
     "EncoderBlock",
     "LayerKVCache",
     "LayerNorm",
@@ -67,6 +77,7 @@ __all__ = [
     "ModuleList",
     "Parameter",
     "RMSNorm",
+    "RotaryPositions",
     "ReLU",
     "SelfAttention",
     "Sequential",
@@ -74,6 +85,7 @@ __all__ = [
     "apply_rotary",
     "clip_grad_norm_",
     "join_optimizer_state",
+    "grouped_attention",
     "linear",
     "load_checkpoint",
     "load_safetensors",
