@@ -26,9 +26,11 @@ from nn.attention import (
     RotaryPositions,
     SelfAttention,
     grouped_attention,
+    make_norm,
 )
 from nn.checkpoint import (
     CheckpointError,
+    iter_safetensors,
     join_optimizer_state,
     load_checkpoint,
     load_safetensors,
@@ -84,9 +86,11 @@ __all__ = [
     "SinusoidalPositions",
     "apply_rotary",
     "clip_grad_norm_",
+    "iter_safetensors",
     "join_optimizer_state",
     "grouped_attention",
     "linear",
+    "make_norm",
     "load_checkpoint",
     "load_safetensors",
     "optim",
