@@ -319,9 +319,16 @@ class TurnTokenizer(CharTokenizer):
 CHARS = "<>|aus bcdef"  # 12 characters; ids 3 ('|') and 7 ('b') end a turn
 
 
-def test_chat_reuses_the_cache_and_matches_generate(float64):
+@pytest.mark.parametrize("ends_on_eos", [False, True])
+def test_chat_reuses_the_cache_and_matches_generate(float64, ends_on_eos):
     tokenizer = TurnTokenizer(CHARS)
-    model = llama(vocab_size=12, block_size=64, eos_token_ids=[3])
+    model = llama(vocab_size=12, block_size=64, eos_token_ids=[])
+    first = tokenizer.encode(
+        tokenizer.apply_chat_template([{"role": "user", "content": "ab"}], True)
+    )
+    if ends_on_eos:  # the third token of the first reply ends the turn
+        model.config.eos_token_ids = [int(model.generate(first[None], 3, temperature=0)[0, -1])]
+    eos = model.config.eos_token_ids
     chat = Chat(model, tokenizer, context=64, max_new_tokens=6, temperature=0)
     run_lengths, stream = [], model.stream
     model.stream = lambda ids, *args, **kw: (
@@ -332,8 +339,9 @@ def test_chat_reuses_the_cache_and_matches_generate(float64):
     for text in ("ab", "dd"):
         reply = "".join(chat.reply(text))
         rendered = tokenizer.encode(tokenizer.apply_chat_template(chat.messages[:-1], True))
-        expected = model.generate(rendered[None], 6, temperature=0, eos_id=[3])[0, len(rendered) :]
-        expected = expected[: np.argmax(expected == 3)] if (expected == 3).any() else expected
+        expected = model.generate(rendered[None], 6, temperature=0, eos_id=eos)[0, len(rendered) :]
+        ended = np.isin(expected, eos)
+        expected = expected[: np.argmax(ended)] if ended.any() else expected
         assert reply == tokenizer.decode(expected)
         assert chat.caches[0].length == len(chat.tokens)  # the cache holds what the chat says
         assert run_lengths[-1] == len(rendered) - cached  # a turn runs only its new tokens
@@ -341,6 +349,13 @@ def test_chat_reuses_the_cache_and_matches_generate(float64):
     assert chat.tokens[: len(rendered)] == list(rendered)
     chat.reset()
     assert chat.caches[0].length == 0 and chat.messages == []
+
+
+def test_mistral_sliding_window_caps_the_context():
+    model = llama(model_type="mistral", qkv_bias=False)
+    config = {**model.hf_config(), "sliding_window": 8}
+    assert models.llama.config_from_hf(config, "config.json").block_size == 8
+    assert models.llama.config_from_hf({**config, "sliding_window": None}, "c").block_size == 24
 
 
 def test_chat_loop_streams_resets_and_says_when_the_context_is_full(float64):
