@@ -28,8 +28,8 @@ import numpy as np
 import autograd
 import autograd.functional as F
 from autograd import Tensor
-from autograd.lesson import Formula, Row, Step, build_lesson, write_lesson
 from autograd.viz import render, to_dot
+from autograd.viz.lesson import Formula, Row, Step, build_lesson, write_lesson
 
 VOCAB = ("A", "B", "C")
 INPUT_IDS = np.array([0, 1])  # the prefix "A B"

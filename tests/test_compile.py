@@ -13,8 +13,9 @@ import pytest
 
 import autograd
 import nn
-from autograd import Tensor, TraceError, lowering
-from autograd import plan as plan_module
+from autograd import Tensor, TraceError
+from autograd.compile import lowering, shard
+from autograd.compile import plan as plan_module
 from models.gpt import GPT, GPTConfig
 
 STEPS = 20
@@ -257,7 +258,7 @@ def test_replacing_a_parameter_array_retraces():
     "a_shape, b_shape", [((300, 40), (40, 50)), ((40, 300), (300, 500)), ((6, 30, 8), (6, 8, 30))]
 )
 def test_split_products_equal_numpy(monkeypatch, a_shape, b_shape):
-    from autograd import lowering
+    from autograd.compile import lowering
 
     monkeypatch.setattr(lowering, "SPLIT_MIN_WORK", 1)  # split even these small products
     rng = np.random.default_rng(0)
@@ -363,7 +364,7 @@ def test_create_graph_and_autograd_grad_with_arguments_are_refused():
             autograd.compile(step)(np.ones(3))
 
 
-# --- batch sharding (autograd/shard.py) -------------------------------------------------------
+# --- batch sharding (autograd/compile/shard.py) ----------------------------------------------
 
 
 def _sharded_run(dtype, shards=2, rows=4, steps=STEPS):
@@ -385,7 +386,7 @@ def _sharded_run(dtype, shards=2, rows=4, steps=STEPS):
 
 def test_sharded_replay_float64_within_1e_12():
     losses, p1, p2, plan = _sharded_run(np.float64)
-    assert isinstance(plan, autograd.shard.ShardedPlan) and plan.n == 2
+    assert isinstance(plan, shard.ShardedPlan) and plan.n == 2
     np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-12)
     for name in p1:
         assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
@@ -393,7 +394,7 @@ def test_sharded_replay_float64_within_1e_12():
 
 def test_sharded_replay_float32_within_the_measured_bound():
     losses, p1, p2, plan = _sharded_run(np.float32, shards=4, rows=8)
-    assert isinstance(plan, autograd.shard.ShardedPlan) and plan.n == 4
+    assert isinstance(plan, shard.ShardedPlan) and plan.n == 4
     np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=FLOAT32_LOSS_BOUND)
     for name in p1:
         assert _norm_relative(p2[name], p1[name]) <= FLOAT32_PARAM_BOUND, name
@@ -402,7 +403,7 @@ def test_sharded_replay_float32_within_the_measured_bound():
 def test_sharding_without_the_gradient_reduction_is_caught(monkeypatch):
     # The test of the test: drop the other shard's gradients, or average the shards' losses
     # instead of weighting them by their kept targets, and the comparison must fail.
-    monkeypatch.setattr(autograd.shard.ShardedPlan, "_add_gradients", lambda self, part: None)
+    monkeypatch.setattr(shard.ShardedPlan, "_add_gradients", lambda self, part: None)
     losses, p1, p2, _ = _sharded_run(np.float64, steps=3)
     assert not np.allclose(losses["compiled"][1:], losses["eager"][1:], rtol=1e-6)
 
@@ -412,7 +413,7 @@ def test_sharding_with_averaged_shard_losses_is_caught(monkeypatch):
         for plan in self.shards:
             plan.shard.seed[...] = 1 / self.n
 
-    monkeypatch.setattr(autograd.shard.ShardedPlan, "_seed", averaged)
+    monkeypatch.setattr(shard.ShardedPlan, "_seed", averaged)
     losses, p1, p2, _ = _sharded_run(np.float64, steps=3)
     assert not np.allclose(losses["compiled"], losses["eager"], rtol=1e-6)
 
@@ -480,7 +481,7 @@ def test_sharded_replay_with_an_optimizer_that_is_not_fused():
             losses.append(run(d[:, :-1], d[:, 1:].copy()).item())
         runs.append((losses, model.state_dict()))
         if shards is not None:
-            assert isinstance(run.plan_for(d[:, :-1], d[:, 1:].copy()), autograd.shard.ShardedPlan)
+            assert isinstance(run.plan_for(d[:, :-1], d[:, 1:].copy()), shard.ShardedPlan)
     (l1, p1), (l2, p2) = runs
     np.testing.assert_allclose(l2, l1, rtol=1e-12)
     for name in p1:

@@ -12,8 +12,8 @@ import pytest
 
 import autograd
 from autograd import Function, Tensor, ops
-from autograd.lesson import _layout, _op_doc, build_lesson, latex
 from autograd.viz import to_html
+from autograd.viz.lesson import _layout, _op_doc, build_lesson, latex
 from models import worked_example as we
 
 LESSON = Path(__file__).resolve().parent.parent / "docs" / "lesson.html"

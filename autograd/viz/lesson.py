@@ -5,7 +5,7 @@ top, the output at the bottom), and records one step per op of the forward pass,
 of the backward pass: the op's formula and VJP (from the comment above the op's code, notes'
 section included), its inputs and output, the gradient arriving and the gradients leaving, and the
 sum `g = g1 + g2` where a tensor is used twice (notes 10.2). `write_lesson(lesson, path)` makes of
-it one self-contained HTML file: inline SVG, CSS and JS (`autograd/lesson_page/`), no URL at all.
+it one self-contained HTML file: inline SVG, CSS and JS (`lesson_page/` beside this file), no URL.
 
 A caller may add steps or rows before writing; `models.worked_example --html` adds the notes'
 update (11.6). The output is deterministic (same graph, same bytes), so a generated page can be

@@ -1,4 +1,4 @@
-"""How a compiled step runs the ops it knows: into arena buffers, with `out=` (autograd/plan.py).
+"""How a compiled step runs the ops it knows: into arena buffers, with `out=` (plan.py).
 
 Each lowering is the op's own arithmetic (the same numpy calls or the same Numba kernel loops as
 autograd/ops.py, autograd/functional.py and autograd/kernels), only writing into buffers planned
@@ -544,7 +544,7 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
 
     def update(part: int = 0, parts: int = 1) -> None:
         """The update of part `part` of `parts` equal pieces of every group (a batch-sharded
-        step runs the pieces on its threads, autograd/shard.py); count() counts the step."""
+        step runs the pieces on its threads, autograd/compile/shard.py); count() counts the step."""
         t = states[first]["step"] + 1
         for group, where in ranges:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]

@@ -1,6 +1,6 @@
 """The plan of a compiled step: slots, an arena planned from liveness, and the replay program.
 
-Built once from a Recorder (autograd/recorder.py). Every value of the trace has a slot in `vals`
+Built once from a Recorder (recorder.py). Every value of the trace has a slot in `vals`
 (its forward array) and, if it needs one, in `grads`; both hold fixed buffers: arguments are
 copied into their own buffers at the start of each replay, leaves are the parameters' arrays,
 and op outputs and gradients live in arena buffers. The replay program is a flat list of
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from autograd import lowering
-from autograd.recorder import Node, Recorder, Value
+from autograd.compile import lowering
+from autograd.compile.recorder import Node, Recorder, Value
 from autograd.tensor import Tensor
 
 FOREVER = math.inf
@@ -78,7 +78,7 @@ class Plan:
     """Everything one argument signature replays (built once; see the module docstring)."""
 
     def __init__(self, rec: Recorder, result: Any, fusion: bool | str, shard: Any = None) -> None:
-        """shard: None, or one shard's part of a batch-sharded step (autograd/shard.py): then the
+        """shard: None, or one shard's part of a batch-sharded step (shard.py): then the
         recorder holds that shard's share of the batch, the program is the forward and backward
         only, the parameters' gradients go to `shard.leaf_grads` and the loss is seeded with
         `shard.seed`; the caller runs the rest (reduction, clipping, the optimizer)."""
@@ -91,7 +91,7 @@ class Plan:
         self.program: list[Callable[[], Any]] = []
         self.lines: list[str] = []
         self.trace_s = self.plan_s = 0.0
-        self.unsharded = ""  # why the step is not sharded over threads (autograd/shard.py)
+        self.unsharded = ""  # why the step is not sharded over threads (autograd/compile/shard.py)
         self._result_template = result
         self._call_results: dict[int, int] = {}  # id(result of a recorded call) -> call index
         self.call_out: list[Any] = []
