@@ -1,0 +1,80 @@
+"""The decoder against Hugging Face transformers, on the tiny checkpoints of tests/fixtures/hf
+(made once by make_fixtures.py there, in float64 with every float32 cast of transformers pointed
+at float64): logits, the loss, every gradient and the greedy tokens of Llama (BF16, GQA, llama3
+RoPE, untied), Qwen2 (q/k/v biases, MQA, tied), Mistral (F16, sharded, rope_parameters) and
+GPT-2, each loaded by models.from_pretrained as the directory is."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import models
+from models.gpt import GPT
+from models.llama import Llama
+
+HF = Path(__file__).resolve().parent / "fixtures" / "hf"
+FAMILIES = {"llama": Llama, "qwen2": Llama, "mistral": Llama, "gpt2": GPT}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def loaded(request):
+    name = request.param
+    model = models.from_pretrained(HF / name, dtype=np.float64)
+    return name, model, dict(np.load(HF / name / "reference.npz"))
+
+
+def hf_targets(labels):
+    """HF scores logits[:, t] against labels[:, t + 1]; ours against targets[:, t]."""
+    targets = np.full_like(labels, -100)
+    targets[:, :-1] = labels[:, 1:]
+    return targets
+
+
+def test_the_family_and_settings_come_from_config_json(loaded):
+    name, model, ref = loaded
+    assert type(model) is FAMILIES[name]
+    assert sorted(model.config.eos_token_ids) == sorted(ref["eos_token_ids"].tolist())
+    assert all(p.dtype == np.float64 for p in model.parameters())
+
+
+def test_logits_and_loss_equal_hf_in_float64(loaded):
+    _, model, ref = loaded
+    logits, loss = model(ref["input_ids"], hf_targets(ref["labels"]))
+    np.testing.assert_allclose(logits.data, ref["logits"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(loss.item(), float(ref["loss"]), rtol=1e-13)
+
+
+def test_every_gradient_equals_hf_in_float64(loaded):
+    _, model, ref = loaded
+    model.zero_grad()
+    _, loss = model(ref["input_ids"], hf_targets(ref["labels"]))
+    loss.backward()
+    transposed = model._is_linear_weight() if model.linear_weights_transposed else {}
+    grads = {key[len("grad:") :]: value for key, value in ref.items() if key.startswith("grad:")}
+    ours = dict(model.named_parameters())
+    assert sorted(grads) == sorted(ours)  # HF's names, one to one
+    for name, expected in grads.items():
+        grad = ours[name].grad.T if transposed.get(name) else ours[name].grad
+        scale = max(1.0, np.abs(expected).max())
+        np.testing.assert_allclose(grad, expected, rtol=0, atol=1e-12 * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_tokens_equal_hf(loaded, use_cache):
+    _, model, ref = loaded
+    assert float(ref["greedy_min_margin"]) > 1e-6  # no near-tie for rounding to flip
+    prompt = ref["prompt_ids"]
+    new = ref["greedy_ids"].shape[1] - prompt.shape[1]
+    out = model.generate(prompt, new, temperature=0, eos_id=[], use_cache=use_cache)
+    np.testing.assert_array_equal(out, ref["greedy_ids"])
+
+
+def test_float32_default_and_save_pretrained_round_trip(tmp_path):
+    model = models.from_pretrained(HF / "llama")  # BF16 on disk -> float32
+    assert model.transformer.wte.weight.dtype == np.float32
+    model.save_pretrained(tmp_path)
+    again = models.from_pretrained(tmp_path)
+    for (name, p), (_, q) in zip(model.named_parameters(), again.named_parameters(), strict=True):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+    assert again.config == model.config
