@@ -1,0 +1,192 @@
+"""A small open model as a user runs it: prefill and decode, glassgrad against HF transformers.
+
+    python -m benchmarks.llm                      # SmolLM2-135M's shape, 2 threads, 3 rounds
+    python -m benchmarks.llm --rounds 5 --threads 2 --prompt 128 --new 128
+
+The model has SmolLM2-135M's shape (V 49152, C 576, 30 layers, 9 heads, 3 K/V heads, FFN 1536,
+tied head, RoPE theta 100000) with random weights: glassgrad writes it once as a Hugging Face
+directory (float32) and both frameworks load that directory. Batch 1, a prompt of --prompt
+tokens, then --new greedy tokens, each framework's own generate with its KV cache:
+
+    prefill  = the time of generate(prompt, 1 new token)
+    decode   = new / (time of generate(prompt, 1 + new) - prefill)     tokens per second
+
+Each framework runs in a fresh process of its own (torch and Numba must not share one; see
+benchmarks.runner), the processes alternated, --rounds of each; the table quotes medians and the
+peak resident memory of each process (ru_maxrss, which counts the load and the run). Needs
+`transformers` and `torch` for the HF column (never a test dependency). Run timings under the
+bench lock: `flock /tmp/glassgrad-bench.lock python -m benchmarks.llm`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SMOLLM2_135M = dict(
+    vocab_size=49152,
+    block_size=8192,
+    n_layer=30,
+    n_head=9,
+    n_kv_head=3,
+    n_embd=576,
+    ffn_hidden=1536,
+    bias=False,
+    norm="rmsnorm",
+    norm_eps=1e-5,
+    positions="rotary",
+    rope_theta=100000.0,
+    mlp="swiglu",
+    tie_word_embeddings=True,
+    model_type="llama",
+)
+
+
+def write_model(directory: Path) -> None:
+    """The random SmolLM2-135M-shaped model as a Hugging Face directory (float32)."""
+    import numpy as np
+
+    from models.decoder import DecoderConfig
+    from models.llama import Llama
+
+    Llama(DecoderConfig(**SMOLLM2_135M), rng=np.random.default_rng(0)).save_pretrained(directory)
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker_glassgrad(directory: str, prompt_len: int, new: int, reps: int) -> dict:
+    import numpy as np
+    from threadpoolctl import threadpool_info
+
+    import models
+
+    model = models.from_pretrained(directory)
+    prompt = np.random.default_rng(1).integers(0, SMOLLM2_135M["vocab_size"], (1, prompt_len))
+
+    def generate(n: int) -> float:
+        start = time.perf_counter()
+        model.generate(prompt, n, temperature=0, eos_id=[])
+        return time.perf_counter() - start
+
+    generate(2)  # warm-up: Numba's kernels compile on first use
+    prefill = statistics.median(generate(1) for _ in range(reps))
+    total = statistics.median(generate(1 + new) for _ in range(reps))
+    blas = [f"{i['internal_api']} {i.get('architecture')}" for i in threadpool_info()]
+    return dict(prefill_s=prefill, decode_tps=new / (total - prefill), blas=blas)
+
+
+def worker_hf(directory: str, prompt_len: int, new: int, reps: int) -> dict:
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    model.eval()
+    rng = np.random.default_rng(1)
+    prompt = torch.tensor(rng.integers(0, SMOLLM2_135M["vocab_size"], (1, prompt_len)))
+
+    def generate(n: int) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(
+                prompt,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                use_cache=True,
+                attention_mask=torch.ones_like(prompt),
+                pad_token_id=0,
+            )
+        return time.perf_counter() - start
+
+    generate(2)
+    prefill = statistics.median(generate(1) for _ in range(reps))
+    total = statistics.median(generate(1 + new) for _ in range(reps))
+    return dict(
+        prefill_s=prefill,
+        decode_tps=new / (total - prefill),
+        blas=[torch.__version__, torch.backends.cpu.get_cpu_capability()],
+    )
+
+
+def _run_worker(kind: str, args: argparse.Namespace, directory: Path) -> dict:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+    }
+    threads = str(args.threads)
+    env.update(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, NUMBA_NUM_THREADS=threads)
+    # The HF worker runs this file as a script: its Python need not have glassgrad's packages.
+    start = [args.hf_python, __file__] if kind == "hf" else [sys.executable, "-m", "benchmarks.llm"]
+    command = [*start, "--worker", kind, "--dir", str(directory)]
+    command += ["--prompt", str(args.prompt), "--new", str(args.new), "--reps", str(args.reps)]
+    command += ["--threads", threads]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"{kind} worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.llm", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
+    p.add_argument("--new", type=int, default=128, help="new tokens (default 128)")
+    p.add_argument("--threads", type=int, default=2, help="threads of each framework")
+    p.add_argument("--rounds", type=int, default=3, help="fresh processes of each framework")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions inside a process")
+    p.add_argument("--hf-python", default=sys.executable, help="a Python with torch+transformers")
+    p.add_argument("--dir", help="the model directory (default: written to a temporary one)")
+    p.add_argument("--worker", choices=("glassgrad", "hf"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        if args.worker == "hf":
+            import torch
+
+            torch.set_num_threads(args.threads)
+        run = worker_hf if args.worker == "hf" else worker_glassgrad
+        result = run(args.dir, args.prompt, args.new, args.reps)
+        print(json.dumps({**result, "peak_rss_mb": _peak_rss_mb()}))
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(args.dir) if args.dir else Path(tmp) / "smollm2-135m-random"
+        if not (directory / "config.json").is_file():
+            write_model(directory)
+        results: dict[str, list[dict]] = {"glassgrad": [], "hf": []}
+        for round_ in range(args.rounds):
+            for kind in ("glassgrad", "hf") if round_ % 2 == 0 else ("hf", "glassgrad"):
+                results[kind].append(_run_worker(kind, args, directory))
+                print(kind, json.dumps(results[kind][-1]), file=sys.stderr)
+    print(
+        f"SmolLM2-135M shape, random weights, batch 1, {args.prompt}-token prompt, {args.new} "
+        f"new tokens (greedy, KV cache), {args.threads} threads, medians of {args.rounds} fresh "
+        "processes each\n"
+    )
+    print("| framework | prefill (s) | decode (tokens/s) | peak RSS (MB) |")
+    print("| --- | --- | --- | --- |")
+    for kind, runs in results.items():
+        med = {
+            k: statistics.median(r[k] for r in runs)
+            for k in ("prefill_s", "decode_tps", "peak_rss_mb")
+        }
+        name = "glassgrad" if kind == "glassgrad" else "HF transformers (PyTorch CPU)"
+        print(
+            f"| {name} | {med['prefill_s']:.3f} | {med['decode_tps']:.1f} | {med['peak_rss_mb']:.0f} |"
+        )
+    print(f"\nglassgrad: {results['glassgrad'][0]['blas']}; torch: {results['hf'][0]['blas']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
