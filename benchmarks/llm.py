@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SMOLLM2_135M = dict(
+SMOLLM2_135M = dict(  # models.llama.llama_config's sizes of SmolLM2-135M
     vocab_size=49152,
     block_size=8192,
     n_layer=30,
@@ -38,14 +38,8 @@ SMOLLM2_135M = dict(
     n_kv_head=3,
     n_embd=576,
     ffn_hidden=1536,
-    bias=False,
-    norm="rmsnorm",
-    norm_eps=1e-5,
-    positions="rotary",
     rope_theta=100000.0,
-    mlp="swiglu",
     tie_word_embeddings=True,
-    model_type="llama",
 )
 
 
@@ -53,10 +47,9 @@ def write_model(directory: Path) -> None:
     """The random SmolLM2-135M-shaped model as a Hugging Face directory (float32)."""
     import numpy as np
 
-    from models.decoder import DecoderConfig
-    from models.llama import Llama
+    from models.llama import Llama, llama_config
 
-    Llama(DecoderConfig(**SMOLLM2_135M), rng=np.random.default_rng(0)).save_pretrained(directory)
+    Llama(llama_config(**SMOLLM2_135M), rng=np.random.default_rng(0)).save_pretrained(directory)
 
 
 def _peak_rss_mb() -> float:
@@ -181,9 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("prefill_s", "decode_tps", "peak_rss_mb")
         }
         name = "glassgrad" if kind == "glassgrad" else "HF transformers (PyTorch CPU)"
-        print(
-            f"| {name} | {med['prefill_s']:.3f} | {med['decode_tps']:.1f} | {med['peak_rss_mb']:.0f} |"
-        )
+        figures = f"{med['prefill_s']:.3f} | {med['decode_tps']:.1f} | {med['peak_rss_mb']:.0f}"
+        print(f"| {name} | {figures} |")
     print(f"\nglassgrad: {results['glassgrad'][0]['blas']}; torch: {results['hf'][0]['blas']}")
     return 0
 

@@ -123,22 +123,9 @@ class Body(nn.Module):
             if c.positions == "rotary"
             else False
         )
-        block = dict(
-            n_kv_head=c.n_kv_head,
-            head_dim=c.head_dim,
-            qkv_bias=c.qkv_bias,
-            rotary=rotary,
-            max_len=c.block_size,
-            norm=c.norm,
-            norm_eps=c.norm_eps,
-            mlp=c.mlp,
-            ffn_hidden=c.ffn_hidden,
-            layout=layout,
-            bias=c.bias,
-            dropout=c.dropout,
-            rng=rng,
-            n_layer=c.n_layer,
-        )
+        shared = ("n_kv_head", "head_dim", "qkv_bias", "norm", "norm_eps", "mlp", "ffn_hidden")
+        block = {key: getattr(c, key) for key in (*shared, "bias", "dropout", "n_layer")}
+        block.update(rotary=rotary, max_len=c.block_size, layout=layout, rng=rng)
         layers = nn.ModuleList([nn.Block(c.n_embd, c.n_head, **block) for _ in range(c.n_layer)])
         self.add_module(names.get("h", "h"), layers, "h")
         self.add_module(

@@ -36,6 +36,20 @@ from models.hf import field, ids
 NAMES = {"transformer": "model", "wte": "embed_tokens", "h": "layers", "ln_f": "norm"}
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 DEFAULT_THETA = 10000.0
+# What makes a decoder a Llama (DecoderConfig's defaults are GPT-2's).
+SETTINGS = dict(
+    bias=False,
+    norm="rmsnorm",
+    positions="rotary",
+    mlp="swiglu",
+    tie_word_embeddings=False,
+    model_type="llama",
+)
+
+
+def llama_config(**sizes: Any) -> DecoderConfig:
+    """A DecoderConfig with Llama's settings; `sizes` (vocab_size, n_layer, ...) and any change."""
+    return DecoderConfig(**{**SETTINGS, **sizes})
 
 
 def _rope_settings(config: dict[str, Any], source: str) -> tuple[float, dict | None]:
@@ -73,7 +87,7 @@ def config_from_hf(config: dict[str, Any], source: str) -> DecoderConfig:
     window = config.get("sliding_window")
     if model_type == "mistral" and window is not None:
         block_size = min(block_size, window)  # within the window, sliding changes nothing
-    return DecoderConfig(
+    return llama_config(
         vocab_size=field(config, "vocab_size", source),
         block_size=block_size,
         n_layer=field(config, "num_hidden_layers", source),
@@ -84,12 +98,9 @@ def config_from_hf(config: dict[str, Any], source: str) -> DecoderConfig:
         ffn_hidden=field(config, "intermediate_size", source),
         bias=mlp_bias,
         qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
-        norm="rmsnorm",
         norm_eps=float(field(config, "rms_norm_eps", source, 1e-6)),
-        positions="rotary",
         rope_theta=theta,
         rope_scaling=scaling,
-        mlp="swiglu",
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         eos_token_ids=ids(config.get("eos_token_id")),
         model_type=model_type,

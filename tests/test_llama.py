@@ -11,8 +11,7 @@ import autograd
 import models
 import nn
 from models.chat import Chat, run
-from models.decoder import DecoderConfig
-from models.llama import Llama
+from models.llama import Llama, llama_config
 from models.tokenizer import CharTokenizer
 
 LLAMA3 = {
@@ -25,26 +24,9 @@ LLAMA3 = {
 
 
 def tiny(**change):
-    settings = dict(
-        vocab_size=13,
-        block_size=24,
-        n_layer=2,
-        n_head=4,
-        n_kv_head=2,
-        n_embd=16,
-        ffn_hidden=20,
-        bias=False,
-        qkv_bias=True,
-        norm="rmsnorm",
-        norm_eps=1e-6,
-        positions="rotary",
-        rope_theta=500.0,
-        mlp="swiglu",
-        tie_word_embeddings=False,
-        eos_token_ids=[3, 7],
-        model_type="qwen2",
-    )
-    return DecoderConfig(**{**settings, **change})
+    sizes = dict(vocab_size=13, block_size=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)
+    qwen2 = dict(ffn_hidden=20, qkv_bias=True, norm_eps=1e-6, rope_theta=500.0, model_type="qwen2")
+    return llama_config(**{**sizes, **qwen2, "eos_token_ids": [3, 7], **change})
 
 
 def llama(seed=0, scale=0.3, **change):

@@ -7,9 +7,8 @@ import numpy as np
 
 import autograd
 from autograd import Function, Tensor
-from models.decoder import DecoderConfig
 from models.gpt import GPT, GPTConfig
-from models.llama import Llama
+from models.llama import Llama, llama_config
 from models.tokenizer import BPETokenizer
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -26,19 +25,7 @@ def test_readme_snippets_run_and_the_contributing_example_is_correct(tmp_path, m
     GPT(config).save_pretrained(tmp_path / "gpt2")
     tok.save(tmp_path / "gpt2")
     # The Llama snippet loads "SmolLM2-135M-Instruct": a tiny Llama + the same tokenizer.
-    llama = DecoderConfig(
-        vocab_size=tok.vocab_size,
-        block_size=64,
-        n_layer=1,
-        n_head=4,
-        n_kv_head=2,
-        n_embd=16,
-        bias=False,
-        norm="rmsnorm",
-        positions="rotary",
-        mlp="swiglu",
-        model_type="llama",
-    )
+    llama = llama_config(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=4, n_embd=16)
     Llama(llama).save_pretrained(tmp_path / "SmolLM2-135M-Instruct")
     tok.save(tmp_path / "SmolLM2-135M-Instruct")
     monkeypatch.chdir(tmp_path)
