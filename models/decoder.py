@@ -357,16 +357,20 @@ class Decoder(nn.Module):
             )
         eos = self._eos_ids(None)
         rng = np.random.default_rng() if rng is None else rng
+        was_training = self.training
         self.eval()
-        for _ in range(max_new_tokens):
-            with no_grad():
-                logits, _ = self(ids, kv_caches=caches)
-            scores = logits.data[:, -1, :].astype(np.float64)
-            token = int(choose_next_token(scores, temperature, top_k, top_p, rng)[0])
-            yield token
-            if token in eos:
-                return
-            ids = np.array([[token]])
+        try:
+            for _ in range(max_new_tokens):
+                with no_grad():
+                    logits, _ = self(ids, kv_caches=caches)
+                scores = logits.data[:, -1, :].astype(np.float64)
+                token = int(choose_next_token(scores, temperature, top_k, top_p, rng)[0])
+                yield token
+                if token in eos:
+                    return
+                ids = np.array([[token]])
+        finally:
+            self.train(was_training)
 
     # --- Hugging Face directories (models.hf reads and writes the files) ------------------------
     @classmethod
