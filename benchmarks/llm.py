@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+PROMPT_IDS = 256  # prompt ids are drawn below 256, inside --tiny's vocabulary too
 SMOLLM2_135M = dict(  # models.llama.llama_config's sizes of SmolLM2-135M
     vocab_size=49152,
     block_size=8192,
@@ -43,13 +44,23 @@ SMOLLM2_135M = dict(  # models.llama.llama_config's sizes of SmolLM2-135M
 )
 
 
-def write_model(directory: Path) -> None:
-    """The random SmolLM2-135M-shaped model as a Hugging Face directory (float32)."""
+# The same model scaled down, for the test of this benchmark (--tiny).
+TINY = dict(SMOLLM2_135M, vocab_size=256, n_layer=2, n_embd=36, ffn_hidden=48)
+
+
+def write_model(directory: Path, sizes: dict) -> None:
+    """A random model of these sizes as a Hugging Face directory (float32)."""
     import numpy as np
 
     from models.llama import Llama, llama_config
 
-    Llama(llama_config(**SMOLLM2_135M), rng=np.random.default_rng(0)).save_pretrained(directory)
+    Llama(llama_config(**sizes), rng=np.random.default_rng(0)).save_pretrained(directory)
+
+
+def has_hf(python: str) -> bool:
+    """Can `python` import torch and transformers (the HF column)?"""
+    probe = [python, "-c", "import torch, transformers"]
+    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
 
 
 def _peak_rss_mb() -> float:
@@ -65,7 +76,7 @@ def worker_glassgrad(directory: str, prompt_len: int, new: int, reps: int) -> di
     import models
 
     model = models.from_pretrained(directory)
-    prompt = np.random.default_rng(1).integers(0, SMOLLM2_135M["vocab_size"], (1, prompt_len))
+    prompt = np.random.default_rng(1).integers(0, PROMPT_IDS, (1, prompt_len))
 
     def generate(n: int) -> float:
         start = time.perf_counter()
@@ -87,7 +98,7 @@ def worker_hf(directory: str, prompt_len: int, new: int, reps: int) -> dict:
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     model.eval()
     rng = np.random.default_rng(1)
-    prompt = torch.tensor(rng.integers(0, SMOLLM2_135M["vocab_size"], (1, prompt_len)))
+    prompt = torch.tensor(rng.integers(0, PROMPT_IDS, (1, prompt_len)))
 
     def generate(n: int) -> float:
         start = time.perf_counter()
@@ -124,7 +135,8 @@ def _run_worker(kind: str, args: argparse.Namespace, directory: Path) -> dict:
     command = [*start, "--worker", kind, "--dir", str(directory)]
     command += ["--prompt", str(args.prompt), "--new", str(args.new), "--reps", str(args.reps)]
     command += ["--threads", threads]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    root = Path(__file__).resolve().parent.parent  # where `-m benchmarks.llm` is found
+    out = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"{kind} worker failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -141,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3, help="timed repetitions inside a process")
     p.add_argument("--hf-python", default=sys.executable, help="a Python with torch+transformers")
     p.add_argument("--dir", help="the model directory (default: written to a temporary one)")
+    p.add_argument("--tiny", action="store_true", help="a tiny model of the same kind (tests)")
     p.add_argument("--worker", choices=("glassgrad", "hf"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -152,31 +165,35 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args.dir, args.prompt, args.new, args.reps)
         print(json.dumps({**result, "peak_rss_mb": _peak_rss_mb()}))
         return 0
+    kinds = ["glassgrad", "hf"] if has_hf(args.hf_python) else ["glassgrad"]
     with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(args.dir) if args.dir else Path(tmp) / "smollm2-135m-random"
+        directory = Path(args.dir) if args.dir else Path(tmp) / "model"
         if not (directory / "config.json").is_file():
-            write_model(directory)
-        results: dict[str, list[dict]] = {"glassgrad": [], "hf": []}
+            write_model(directory, TINY if args.tiny else SMOLLM2_135M)
+        results: dict[str, list[dict]] = {kind: [] for kind in kinds}
         for round_ in range(args.rounds):
-            for kind in ("glassgrad", "hf") if round_ % 2 == 0 else ("hf", "glassgrad"):
+            for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
                 results[kind].append(_run_worker(kind, args, directory))
                 print(kind, json.dumps(results[kind][-1]), file=sys.stderr)
+    shape = "a tiny model" if args.tiny else "SmolLM2-135M's shape"
     print(
-        f"SmolLM2-135M shape, random weights, batch 1, {args.prompt}-token prompt, {args.new} "
-        f"new tokens (greedy, KV cache), {args.threads} threads, medians of {args.rounds} fresh "
-        "processes each\n"
+        f"{shape}, random weights, batch 1, {args.prompt}-token prompt, {args.new} new tokens "
+        f"(greedy, KV cache), {args.threads} threads, medians of {args.rounds} fresh processes "
+        "each\n"
     )
     print("| framework | prefill (s) | decode (tokens/s) | peak RSS (MB) |")
     print("| --- | --- | --- | --- |")
+    keys = ("prefill_s", "decode_tps", "peak_rss_mb")
     for kind, runs in results.items():
-        med = {
-            k: statistics.median(r[k] for r in runs)
-            for k in ("prefill_s", "decode_tps", "peak_rss_mb")
-        }
+        med = {key: statistics.median(r[key] for r in runs) for key in keys}
         name = "glassgrad" if kind == "glassgrad" else "HF transformers (PyTorch CPU)"
         figures = f"{med['prefill_s']:.3f} | {med['decode_tps']:.1f} | {med['peak_rss_mb']:.0f}"
         print(f"| {name} | {figures} |")
-    print(f"\nglassgrad: {results['glassgrad'][0]['blas']}; torch: {results['hf'][0]['blas']}")
+    print()
+    for kind, runs in results.items():
+        print(f"{kind}: {', '.join(runs[0]['blas'])}")
+    if "hf" not in results:
+        print(f"(no HF column: {args.hf_python} cannot import torch and transformers)")
     return 0
 
 
