@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test test-blas lint format bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,20 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-blas
+
+# The tests that compare two code paths bit for bit (compiled vs eager, resumed vs uninterrupted)
+# or a kernel with its reference, again under each OpenBLAS kernel this CPU runs, whatever the
+# machine's environment sets: the AVX2 one (Haswell), the one OpenBLAS picks itself, and the
+# AVX-512 one (SkylakeX) where the CPU has AVX-512. A red on one kernel then shows on any machine.
+BLAS_TESTS := tests/test_compile.py tests/test_kernels.py tests/test_train.py \
+	tests/test_checkpoint.py tests/test_optim.py
+BLAS_PYTEST := HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -p no:cacheprovider $(BLAS_TESTS)
+
+test-blas: $(STAMP)
+	if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then OPENBLAS_CORETYPE=Haswell $(BLAS_PYTEST); fi
+	if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then OPENBLAS_CORETYPE=SkylakeX $(BLAS_PYTEST); fi
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BLAS_PYTEST)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -10,17 +10,12 @@ array([[2., 2., 2.],
        [2., 2., 2.]], dtype=float32)
 """
 
-from autograd import (
-    shard,  # noqa: F401  (autograd.shard.ShardedPlan, for isinstance checks)
-    trace,  # noqa: F401  (registers the tracer of backward(trace=True))
-)
 from autograd.anomaly import AnomalyError, detect_anomaly
-from autograd.compiler import compile
+from autograd.compile import TraceError, compile
 from autograd.gradcheck import GradcheckError, GradcheckResult, gradcheck, gradgradcheck
 from autograd.higher_order import grad, hessian, hvp, jvp, vjp
 from autograd.ops import concat, stack, where
 from autograd.origin import check_packages
-from autograd.recorder import TraceError
 from autograd.tensor import (
     Function,
     Tensor,
@@ -31,6 +26,7 @@ from autograd.tensor import (
     set_default_dtype,
     unbroadcast,
 )
+from autograd.viz import trace  # noqa: F401  (registers the tracer of backward(trace=True))
 
 __all__ = [
     "AnomalyError",

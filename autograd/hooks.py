@@ -2,7 +2,7 @@
 
 The core calls every active observer at two points: after an op's forward (`forward`) and after
 each VJP of the backward loop (`backward_step`, and `leaf` when a leaf's .grad is written). Anomaly
-mode (autograd/anomaly.py) and the backward trace (autograd/trace.py) are the two observers.
+mode (autograd/anomaly.py) and the backward trace (autograd/viz/trace.py) are the two observers.
 With none active the core pays one empty-list check per op.
 """
 
@@ -27,9 +27,10 @@ class Observer:
 # Observers of every forward and backward in the process (detect_anomaly() adds one while active).
 ACTIVE: list[Observer] = []
 
-# The factory of the observer `backward(trace=True)` uses; autograd/trace.py registers it.
+# The factory of the observer `backward(trace=True)` uses; autograd/viz/trace.py registers it.
 TRACER: Any = None
 
-# While autograd.compile traces a step: its recorder (autograd/recorder.py), told of every op,
-# every backward pass, every read of a tensor's value and every optimizer update; else None.
+# While autograd.compile traces a step: its recorder (autograd/compile/recorder.py), told of
+# every op, every backward pass, every read of a tensor's value and every optimizer update;
+# else None.
 RECORDER: Any = None

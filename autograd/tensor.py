@@ -425,7 +425,7 @@ class Tensor:
         if create_graph:
             seed = Tensor._make(seed, False)
         observers = list(hooks.ACTIVE)
-        if trace:  # the tracer is registered by autograd/trace.py (autograd/__init__ imports it)
+        if trace:  # registered by autograd/viz/trace.py (autograd/__init__ imports it)
             observers.append(hooks.TRACER())
         retain = create_graph if retain_graph is None else retain_graph
         run_backward([self], [seed], retain, observers, create_graph=create_graph)

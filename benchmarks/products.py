@@ -5,11 +5,11 @@
 
 A training step is mostly matrix products (Linear forward and backward, attention's batched
 q k^T and P v and their backward, over the causal row blocks the fused attention keeps). This
-times exactly the products one shard of the compiled step runs (autograd/shard.py: B / shards
-rows per thread, BLAS on one thread), each shape as np.matmul with numpy's BLAS on one thread and
-as torch.matmul on one thread, each library in a fresh process of its own. The sum over the step
-is the floor of a sharded step: its shards run side by side, so the step cannot take less than
-one shard's products.
+times exactly the products one shard of the compiled step runs (autograd/compile/shard.py:
+B / shards rows per thread, BLAS on one thread), each shape as np.matmul with numpy's BLAS on
+one thread and as torch.matmul on one thread, each library in a fresh process of its own. The
+sum over the step is the floor of a sharded step: its shards run side by side, so the step
+cannot take less than one shard's products.
 
 --floor measures that floor as a step meets it: every shard's products at once, one thread each
 (as the sharded replay runs them), and the whole batch's products with the library on all the
@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from autograd import lowering
+from autograd.compile import lowering
 from benchmarks.configs import parse_config
 
 

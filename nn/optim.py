@@ -192,6 +192,15 @@ class Adam(Optimizer):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
 
+    def flat_update_rule(self) -> dict[str, Any] | None:
+        """The compiled step's optimizer protocol (autograd/compile/lowering.py): the update rule
+        this optimizer's step() applies, which the compiled step may run as one kernel over flat
+        buffers, or None. The engine never imports nn; it asks the optimizer. A subclass that
+        changes the update is not described by the rule: it keeps its own step()."""
+        if type(self).step is not Optimizer.step or type(self)._update is not Adam._update:
+            return None
+        return {"rule": "adam", "decoupled": self.decoupled}
+
     def _update(self, p, grad, group, state):
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         if not state:

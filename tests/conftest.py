@@ -43,3 +43,23 @@ def backend(request):
     """Run a test once with the Numba kernels and once with the numpy references."""
     kernels.set_backend(request.param)
     return request.param
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say which BLAS kernel this run used: the suite must pass on every one (make test-blas)."""
+    terminalreporter.write_line(_blas_kernel())
+
+
+def _blas_kernel() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "BLAS: threadpoolctl not installed"
+    blas = [
+        f"{lib.get('internal_api')} {lib.get('version')} kernel {lib.get('architecture')}, "
+        f"{lib.get('num_threads')} threads"
+        for lib in threadpool_info()
+        if lib.get("user_api") == "blas"
+    ]
+    coretype = os.environ.get("OPENBLAS_CORETYPE", "unset")
+    return f"BLAS: {'; '.join(blas) or 'none found'} (OPENBLAS_CORETYPE {coretype})"

@@ -7,33 +7,46 @@ plain numpy, the input arrays) and the kernel backend it runs under. `test_ops_p
 
 Shapes include 0-d, size-1 and broadcast dims, negative axes and T = 1; values include large
 magnitudes, exact zeros where the derivative is defined there, and -inf masks where they are legal.
+The checker (`check_op`), the numpy references and the generic strategies are the public
+`autograd.testing`; this file holds only the registry of glassgrad's own ops.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import autograd
 import autograd.functional as F
 import nn
-
-
-@dataclass(frozen=True)
-class Example:
-    """One drawn case: check_op(op, reference, arrays, differentiable, forward_rtol)."""
-
-    op: Callable
-    reference: Callable | None
-    arrays: list
-    differentiable: list | None = None
-    forward_rtol: float = 1e-10
+from autograd.testing import Example
+from autograd.testing.references import (
+    np_attention,
+    np_cross_entropy,
+    np_gelu_exact,
+    np_gelu_tanh,
+    np_layer_norm,
+    np_log_softmax,
+    np_logsumexp,
+    np_rms_norm,
+    np_softmax,
+)
+from autograd.testing.strategies import (
+    BROADCAST_PAIR,
+    SHAPE,
+    SHAPE_1D_UP,
+    elementwise,
+    logits,
+    norm_inputs,
+    one,
+    qkv,
+    seeded,
+    two,
+    values,
+)
 
 
 @dataclass(frozen=True)
@@ -52,46 +65,6 @@ def register(name: str, strategy: st.SearchStrategy, both_backends: bool = False
             CASES[f"{name}[{backend}]"] = Case(strategy, backend)
     else:
         CASES[name] = Case(strategy)
-
-
-def seeded(draw) -> np.random.Generator:
-    return np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-
-
-SHAPE = hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=4)
-SHAPE_1D_UP = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5)
-BROADCAST_PAIR = hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, max_side=4)
-
-
-@st.composite
-def values(draw, shapes, low=-3.0, high=3.0, away_from_zero=0.0, large=False, zeros=False):
-    """Arrays of the given shapes: seeded uniform values; `large` sometimes scales them by 1e3;
-    `zeros` sets some elements to exactly 0 (only where the op's derivative exists at 0)."""
-    rng = seeded(draw)
-    scale = draw(st.sampled_from([1.0, 1.0, 1e3])) if large else 1.0
-    with_zeros = zeros and draw(st.booleans())
-    arrays = []
-    for shape in shapes:
-        x = rng.uniform(low, high, size=shape)
-        if away_from_zero:  # keep kinks and poles (relu at 0, 1/x) out of the eps neighbourhood
-            x = np.where(x >= 0, x + away_from_zero, x - away_from_zero)
-        x = x * scale
-        if with_zeros:
-            x = np.where(rng.random(shape) < 0.3, 0.0, x)
-        arrays.append(x)
-    return arrays
-
-
-def elementwise(op, reference, arrays_strategy):
-    return arrays_strategy.map(lambda arrays: Example(op, reference, arrays))
-
-
-def one(shape_strategy=SHAPE, **kw):
-    return shape_strategy.flatmap(lambda s: values([s], **kw))
-
-
-def two(**kw):
-    return BROADCAST_PAIR.flatmap(lambda b: values(b.input_shapes, **kw))
 
 
 # --- elementwise ops ----------------------------------------------------------------------------
@@ -278,61 +251,6 @@ register("where", where_case())
 # --- the Transformer ops of autograd.functional (both kernel paths) ------------------------------
 
 
-def np_softmax(x, axis):
-    m = np.max(x, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    e = np.exp(x - m)
-    s = e.sum(axis=axis, keepdims=True)
-    return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
-
-
-def np_logsumexp(x, axis, keepdims=False):
-    m = np.max(x, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    with np.errstate(divide="ignore"):
-        out = np.log(np.exp(x - m).sum(axis=axis, keepdims=True)) + m
-    return out if keepdims else np.squeeze(out, axis=axis)
-
-
-def np_log_softmax(x, axis):
-    with np.errstate(invalid="ignore"):
-        out = x - np_logsumexp(x, axis, keepdims=True)
-    return np.where(np.isneginf(x), -np.inf, out)
-
-
-def np_layer_norm(x, w, b, eps=1e-5):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * w + b
-
-
-def np_attention(q, k, v, causal, allowed=None):
-    tq, tk = q.shape[2], k.shape[2]
-    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
-    rule = np.ones((tq, tk), bool) if allowed is None else allowed
-    if causal:
-        rule = rule & np.tril(np.ones((tq, tk), bool), tk - tq)
-    return np_softmax(np.where(rule, s, -np.inf), -1) @ v
-
-
-@st.composite
-def logits(draw, allow_inf=True):
-    """An array, an axis, and values that may be huge (+-1e4) or contain -inf (whole slices too)."""
-    shape = draw(SHAPE_1D_UP)
-    rng = seeded(draw)
-    x = rng.standard_normal(shape) * draw(st.sampled_from([1.0, 3.0, 1e4]))
-    axis = draw(st.integers(-len(shape), len(shape) - 1))
-    if allow_inf and draw(st.booleans()):
-        x[rng.random(shape) < 0.3] = -np.inf
-        if draw(st.booleans()):  # an entirely -inf slice along the axis
-            index = [0] * len(shape)
-            index[axis] = slice(None)
-            x[tuple(index)] = -np.inf
-    if draw(st.booleans()):  # ties: equal logits
-        x = np.where(np.isfinite(x), np.round(x), x)
-    return x, axis
-
-
 register(
     "softmax",
     logits().map(
@@ -361,23 +279,6 @@ def logsumexp_case(draw):
 
 
 register("logsumexp", logsumexp_case(), both_backends=True)
-
-
-@st.composite
-def norm_inputs(draw):
-    shape = draw(SHAPE_1D_UP)
-    rng = seeded(draw)
-    # (not 100: with C = 2 the output is +-1 whatever x is, and the only x-dependence left is
-    # through eps at 1e-9 of the variance, below what central differences resolve)
-    x = rng.standard_normal(shape) * draw(st.sampled_from([0.1, 1.0, 10.0]))
-    # Rows whose values nearly coincide make LayerNorm ill-conditioned (its derivatives grow like
-    # 1/spread): central differences cannot resolve them; test_reliability covers them instead.
-    assume(shape[-1] == 1 or np.ptp(x, axis=-1).min() > 0.2 * np.abs(x).max())
-    return x, rng.standard_normal(shape[-1:]), rng.standard_normal(shape[-1:])
-
-
-def np_rms_norm(a, weight):
-    return a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-5) * weight
 
 
 register(
@@ -432,26 +333,15 @@ def cross_entropy_case(draw):
     targets = rng.integers(0, vocab, lead)
     targets[rng.random(lead) < draw(st.sampled_from([0.0, 0.3, 1.0]))] = -100
 
-    def reference(z):
-        keep = targets != -100
-        if not keep.any():
-            return np.float64(0.0)
-        logp = z - np_logsumexp(z, -1, keepdims=True)
-        picked = np.take_along_axis(logp, np.where(keep, targets, 0)[..., None], -1)[..., 0]
-        return -picked[keep].mean()
-
-    return Example(lambda t: F.cross_entropy(t, targets), reference, [z], forward_rtol=1e-9)
+    return Example(
+        lambda t: F.cross_entropy(t, targets),
+        lambda z: np_cross_entropy(z, targets),
+        [z],
+        forward_rtol=1e-9,
+    )
 
 
 register("cross_entropy", cross_entropy_case(), both_backends=True)
-
-
-def np_gelu_tanh(a):
-    return 0.5 * a * (1 + np.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3)))
-
-
-def np_gelu_exact(a):
-    return a * 0.5 * (1 + np.vectorize(math.erf)(a / math.sqrt(2)))
 
 
 @st.composite
@@ -483,20 +373,6 @@ def dropout_case(draw):
 
 
 register("dropout", dropout_case())
-
-
-@st.composite
-def qkv(draw, any_value_width=False):
-    rng = seeded(draw)
-    b, h = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    tk = draw(st.sampled_from([1, 2, 3, 5, 8]))
-    tq = draw(st.integers(1, tk))  # Tq < Tk: a KV-cache step (bottom-right aligned causal)
-    d = draw(st.sampled_from([1, 2, 3, 5]))
-    scale = draw(st.sampled_from([1.0, 3.0]))
-    q = rng.standard_normal((b, h, tq, d)) * scale
-    k = rng.standard_normal((b, h, tk, d)) * scale
-    v = rng.standard_normal((b, h, tk, draw(st.integers(1, 4)) if any_value_width else d))
-    return q, k, v, draw(st.booleans())
 
 
 def attention_example(case, allowed=None, forward_rtol=1e-9):

@@ -13,8 +13,9 @@ import pytest
 
 import autograd
 import nn
-from autograd import Tensor, TraceError, lowering
-from autograd import plan as plan_module
+from autograd import Tensor, TraceError
+from autograd.compile import lowering, shard
+from autograd.compile import plan as plan_module
 from models.gpt import GPT, GPTConfig
 
 STEPS = 20
@@ -39,10 +40,10 @@ def _restore_dtype():
     autograd.set_default_dtype(previous)
 
 
-def _setup(dtype, dropout=0.0):
+def _setup(dtype, dropout=0.0, n_embd=16):
     autograd.set_default_dtype(dtype)
     config = GPTConfig(
-        vocab_size=17, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=dropout
+        vocab_size=17, block_size=16, n_layer=2, n_head=2, n_embd=n_embd, dropout=dropout
     )
     model = GPT(config, rng=np.random.default_rng(0))
     decay = [p for p in model.parameters() if p.ndim == 2]
@@ -62,20 +63,24 @@ def _setup(dtype, dropout=0.0):
     return model, optimizer, step
 
 
-def _batches(n=STEPS):
+def _batches(n=STEPS, rows=3):
     rng = np.random.default_rng(1)
-    data = [rng.integers(0, 17, size=(3, 17)) for _ in range(n)]
+    data = [rng.integers(0, 17, size=(rows, 17)) for _ in range(n)]
     return [(d[:, :-1], d[:, 1:]) for d in data]
 
 
-def _run(dtype, fusion, dropout=0.0):
-    """(eager losses, compiled losses, eager params, compiled params, eager norms, ...)."""
-    m1, o1, eager = _setup(dtype, dropout)
-    m2, o2, step = _setup(dtype, dropout)
+def _run(dtype, fusion, dropout=0.0, n_embd=16, rows=3, steps=STEPS, plans=None):
+    """(eager losses, compiled losses, eager params, compiled params, eager norms, ...).
+    plans: a list that receives the compiled step's plan."""
+    m1, o1, eager = _setup(dtype, dropout, n_embd)
+    m2, o2, step = _setup(dtype, dropout, n_embd)
     compiled = autograd.compile(step, fusion=fusion)
     losses = {"eager": [], "compiled": []}
     norms = {"eager": [], "compiled": []}
-    for x, y in _batches():
+    batches = _batches(steps, rows)
+    if plans is not None:
+        plans.append(lambda: compiled.plan_for(*batches[0]))
+    for x, y in batches:
         for name, fn in (("eager", eager), ("compiled", compiled)):
             loss, norm = fn(x, y)
             losses[name].append(loss.item())
@@ -253,7 +258,7 @@ def test_replacing_a_parameter_array_retraces():
     "a_shape, b_shape", [((300, 40), (40, 50)), ((40, 300), (300, 500)), ((6, 30, 8), (6, 8, 30))]
 )
 def test_split_products_equal_numpy(monkeypatch, a_shape, b_shape):
-    from autograd import lowering
+    from autograd.compile import lowering
 
     monkeypatch.setattr(lowering, "SPLIT_MIN_WORK", 1)  # split even these small products
     rng = np.random.default_rng(0)
@@ -294,15 +299,53 @@ def test_an_explicit_seed_gradient_is_refused():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_exact_fusion_replays_eager_bit_for_bit(dtype, monkeypatch):
-    # what models.train runs: the flat AdamW and the split products, not the fused attention
-    from autograd import lowering
-
-    monkeypatch.setattr(lowering, "SPLIT_MIN_WORK", 1)  # split every product (if BLAS has 2)
-    losses, norms, p1, p2, _ = _run(dtype, fusion="exact", dropout=0.1)
+@pytest.mark.parametrize("size", ["tiny", "wide"])
+def test_exact_fusion_replays_eager_bit_for_bit(dtype, size, monkeypatch):
+    # The flat AdamW, not the fused attention; every product whole, as eager calls it. Whether a
+    # product split in two halves rounds like the whole one depends on the BLAS kernel (OpenBLAS's
+    # Haswell kernel: it does not), so "exact" must never split, however small the split
+    # threshold. "wide": products large enough (128 x 256 x 64) for OpenBLAS to use its threads.
+    monkeypatch.setattr(lowering, "SPLIT_MIN_WORK", 1)
+    n_embd, rows, steps = (16, 3, STEPS) if size == "tiny" else (64, 8, 6)
+    plans = []
+    losses, norms, p1, p2, _ = _run(
+        dtype, fusion="exact", dropout=0.1, n_embd=n_embd, rows=rows, steps=steps, plans=plans
+    )
+    plan = plans[0]()
+    assert plan.matmul is plan_module._matmul and "products: whole" in plan.describe()
     assert losses["compiled"] == losses["eager"] and norms["compiled"] == norms["eager"]
     for name in p1:
         assert np.array_equal(p1[name], p2[name]), name
+
+
+def test_an_optimizer_that_changes_the_update_keeps_its_own_step():
+    # The engine fuses only what the optimizer describes (nn.optim.Adam.flat_update_rule); an
+    # Adam subclass with its own update is replayed through its own step(), and still matches.
+    class ClippedAdam(nn.optim.AdamW):
+        def _update(self, p, grad, group, state):
+            super()._update(p, np.clip(grad, -0.01, 0.01), group, state)
+
+    results = []
+    for compiled in (False, True):
+        model, _, _ = _setup(np.float64)
+        optimizer = ClippedAdam(model.parameters(), lr=3e-3)
+        assert optimizer.flat_update_rule() is None
+
+        def step(x, y, model=model, optimizer=optimizer):
+            optimizer.zero_grad()
+            loss = model(x, y)[1]
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        run = autograd.compile(step) if compiled else step
+        for x, y in _batches(4):
+            run(x, y)
+        results.append(model.state_dict())
+        if compiled:
+            assert "ClippedAdam.step (its own update)" in run.plan_for(x, y).describe()
+    for name, value in results[0].items():
+        assert _norm_relative(results[1][name], value) <= 1e-12, name
 
 
 def test_create_graph_and_autograd_grad_with_arguments_are_refused():
@@ -321,7 +364,7 @@ def test_create_graph_and_autograd_grad_with_arguments_are_refused():
             autograd.compile(step)(np.ones(3))
 
 
-# --- batch sharding (autograd/shard.py) -------------------------------------------------------
+# --- batch sharding (autograd/compile/shard.py) ----------------------------------------------
 
 
 def _sharded_run(dtype, shards=2, rows=4, steps=STEPS):
@@ -343,7 +386,7 @@ def _sharded_run(dtype, shards=2, rows=4, steps=STEPS):
 
 def test_sharded_replay_float64_within_1e_12():
     losses, p1, p2, plan = _sharded_run(np.float64)
-    assert isinstance(plan, autograd.shard.ShardedPlan) and plan.n == 2
+    assert isinstance(plan, shard.ShardedPlan) and plan.n == 2
     np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-12)
     for name in p1:
         assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
@@ -351,7 +394,7 @@ def test_sharded_replay_float64_within_1e_12():
 
 def test_sharded_replay_float32_within_the_measured_bound():
     losses, p1, p2, plan = _sharded_run(np.float32, shards=4, rows=8)
-    assert isinstance(plan, autograd.shard.ShardedPlan) and plan.n == 4
+    assert isinstance(plan, shard.ShardedPlan) and plan.n == 4
     np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=FLOAT32_LOSS_BOUND)
     for name in p1:
         assert _norm_relative(p2[name], p1[name]) <= FLOAT32_PARAM_BOUND, name
@@ -360,7 +403,7 @@ def test_sharded_replay_float32_within_the_measured_bound():
 def test_sharding_without_the_gradient_reduction_is_caught(monkeypatch):
     # The test of the test: drop the other shard's gradients, or average the shards' losses
     # instead of weighting them by their kept targets, and the comparison must fail.
-    monkeypatch.setattr(autograd.shard.ShardedPlan, "_add_gradients", lambda self, part: None)
+    monkeypatch.setattr(shard.ShardedPlan, "_add_gradients", lambda self, part: None)
     losses, p1, p2, _ = _sharded_run(np.float64, steps=3)
     assert not np.allclose(losses["compiled"][1:], losses["eager"][1:], rtol=1e-6)
 
@@ -370,7 +413,7 @@ def test_sharding_with_averaged_shard_losses_is_caught(monkeypatch):
         for plan in self.shards:
             plan.shard.seed[...] = 1 / self.n
 
-    monkeypatch.setattr(autograd.shard.ShardedPlan, "_seed", averaged)
+    monkeypatch.setattr(shard.ShardedPlan, "_seed", averaged)
     losses, p1, p2, _ = _sharded_run(np.float64, steps=3)
     assert not np.allclose(losses["compiled"], losses["eager"], rtol=1e-6)
 
@@ -438,7 +481,7 @@ def test_sharded_replay_with_an_optimizer_that_is_not_fused():
             losses.append(run(d[:, :-1], d[:, 1:].copy()).item())
         runs.append((losses, model.state_dict()))
         if shards is not None:
-            assert isinstance(run.plan_for(d[:, :-1], d[:, 1:].copy()), autograd.shard.ShardedPlan)
+            assert isinstance(run.plan_for(d[:, :-1], d[:, 1:].copy()), shard.ShardedPlan)
     (l1, p1), (l2, p2) = runs
     np.testing.assert_allclose(l2, l1, rtol=1e-12)
     for name in p1:

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from op_cases import norm_inputs, np_layer_norm, np_softmax
 
 import autograd
 import autograd.functional as F
 from autograd import Tensor, kernels
+from autograd.testing.references import np_layer_norm, np_softmax
+from autograd.testing.strategies import norm_inputs
 
 BACKENDS = pytest.mark.parametrize("path", ["numba", "numpy"])
 

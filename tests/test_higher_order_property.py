@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from op_cases import CASES
-from opcheck import check_example_twice
 
 from autograd import kernels
+from autograd.testing import check_example_twice
 
 EXAMPLES = max(6, settings.default.max_examples // 4)
 

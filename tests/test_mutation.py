@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from hypothesis import Phase, given, settings
 from op_cases import CASES
-from opcheck import check_example, check_example_twice
 
 import autograd
 from autograd import Tensor, kernels
+from autograd.testing import check_example, check_example_twice
 
 
 def scaled(fn, grads):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from op_cases import CASES
-from opcheck import check_example
 
 from autograd import Tensor, kernels
+from autograd.testing import check_example
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

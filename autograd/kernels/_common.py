@@ -58,7 +58,8 @@ PARALLEL_MIN_WORK = 1 << 17
 
 
 class _ThisThread(threading.local):
-    serial = False  # set by the threads of a batch-sharded compiled step (autograd/shard.py)
+    # set by the threads of a batch-sharded compiled step (autograd/compile/shard.py)
+    serial = False
 
 
 THIS_THREAD = _ThisThread()

@@ -1,7 +1,7 @@
 """The Adam / AdamW update of autograd.compile's fused optimizer, one element at a time.
 
 The arithmetic of nn.optim.Adam(W).step (notes 9.4), operation for operation in the parameter
-dtype, over the flat parameter / gradient / moment buffers (autograd/lowering.py,
+dtype, over the flat parameter / gradient / moment buffers (autograd/compile/lowering.py,
 flat_optimizer): nn.optim is the reference, and tests/test_compile.py checks that a replay with
 it equals eager bit for bit. Built without fastmath (no reassociation), unlike the other kernels.
 """

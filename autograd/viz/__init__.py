@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autograd.lesson import build_lesson, write_lesson
 from autograd.tensor import Tensor
+from autograd.viz.lesson import build_lesson, write_lesson
 
 _OP_STYLE = "shape=box, style=filled, fillcolor=lightsteelblue"
 _PARAM_STYLE = "style=filled, fillcolor=wheat"

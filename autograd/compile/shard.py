@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from autograd import functional as F
-from autograd import lowering, ops
-from autograd.kernels import _common
-from autograd.plan import (
+from autograd import ops
+from autograd.compile import lowering
+from autograd.compile.plan import (
     Plan,
     blas_threads,
     leaves_with_grad,
@@ -50,7 +50,8 @@ from autograd.plan import (
     result_values,
     step_result,
 )
-from autograd.recorder import Node, Recorder, Value
+from autograd.compile.recorder import Node, Recorder, Value
+from autograd.kernels import _common
 from autograd.tensor import Tensor
 
 

@@ -12,7 +12,7 @@ Three stages, like tinygrad's TinyJit and llm.c's single activation buffer:
    clipping and the optimizer update. Reading a traced tensor's value (`.item()`, `bool()`,
    `np.asarray`) means Python control flow on data, which a replay cannot follow: it is refused
    with a TraceError, as are ops inside backward (create_graph, higher order).
-2. Plan (autograd/plan.py; the recorder is autograd/recorder.py). Each value gets a slot; the
+2. Plan (plan.py beside this file; the recorder is recorder.py). Each value gets a slot; the
    ops the lowering knows (Linear, LayerNorm, GELU, add, embedding, views, ...) get output and
    gradient buffers from an arena planned from liveness (a buffer is reused once its value is
    dead), write them with `out=`, and accumulate gradients in place. Other ops replay their
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from autograd import hooks, kernels
-from autograd.plan import Plan, single_threaded_blas
-from autograd.recorder import Recorder, TraceError
-from autograd.shard import shard_count, sharded_plan
+from autograd.compile.plan import Plan
+from autograd.compile.recorder import Recorder, TraceError
+from autograd.compile.shard import shard_count, sharded_plan
 from autograd.tensor import Tensor
 
 
@@ -86,9 +86,7 @@ class CompiledStep:
         recorder = Recorder(args)
         hooks.RECORDER = recorder
         try:
-            # "exact": BLAS on one thread, as its split products run (see Plan.replay)
-            with single_threaded_blas(self.fusion == "exact"):
-                result = self.step_fn(*args)
+            result = self.step_fn(*args)  # with the BLAS's own threads, as eager runs it
         finally:
             hooks.RECORDER = None
             recorder.in_backward = False
@@ -130,9 +128,11 @@ def compile(
 
     fusion=False keeps every op's own arithmetic (a replay then equals eager bit for bit);
     fusion="exact" adds what keeps eager's arithmetic too: AdamW as one kernel over a flat
-    parameter buffer, products split over two threads (bit for bit with eager, measured);
-    fusion=True (default) also fuses self-attention (rounding differs from eager's kernel) and
-    shards the step over the BLAS's threads along the batch when it can (autograd/shard.py).
+    parameter buffer; its products run whole with the BLAS's own threads, exactly the calls
+    eager makes (so it equals eager bit for bit on any BLAS kernel);
+    fusion=True (default) also splits large products over two threads itself, fuses
+    self-attention (both round differently from eager) and shards the step over the BLAS's
+    threads along the batch when it can (autograd/compile/shard.py).
     shards: threads to shard over (None: the BLAS's thread count with fusion=True; 1: never).
     Usable as `compile(fn)`, `@compile` or `@compile(fusion=False)`.
     """

@@ -1,4 +1,4 @@
-"""How a compiled step runs the ops it knows: into arena buffers, with `out=` (autograd/plan.py).
+"""How a compiled step runs the ops it knows: into arena buffers, with `out=` (plan.py).
 
 Each lowering is the op's own arithmetic (the same numpy calls or the same Numba kernel loops as
 autograd/ops.py, autograd/functional.py and autograd/kernels), only writing into buffers planned
@@ -500,9 +500,11 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
     then the optimizer's own step() is replayed). Called before the program is built: the
     parameters move into the flat buffer and their gradient buffers are views of the flat one,
     so that the backward writes the gradients where the update reads them."""
-    from nn.optim import Adam  # nn sits above autograd; imported only when a step is planned
-
-    if type(optimizer).__name__ not in ("Adam", "AdamW") or not isinstance(optimizer, Adam):
+    # The optimizer says which update its step() applies (nn.optim.Adam.flat_update_rule): the
+    # engine sits below nn and knows no optimizer class.
+    describe = getattr(optimizer, "flat_update_rule", None)
+    rule = describe() if describe is not None else None
+    if rule is None or rule["rule"] != "adam":
         return None
     params = [p for group in optimizer.param_groups for p in group["params"]]
     leaf_of = {id(v.tensor): v for v in plan.leaves}
@@ -536,13 +538,13 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
             offset += p.size
         ranges.append((group, slice(start, offset)))
     kernel = _adam_kernel()
-    decoupled = optimizer.decoupled
+    decoupled = rule["decoupled"]
     states, first = optimizer.state, params[0]  # the step count: read from the state each time
     s = dtype.type
 
     def update(part: int = 0, parts: int = 1) -> None:
         """The update of part `part` of `parts` equal pieces of every group (a batch-sharded
-        step runs the pieces on its threads, autograd/shard.py); count() counts the step."""
+        step runs the pieces on its threads, autograd/compile/shard.py); count() counts the step."""
         t = states[first]["step"] + 1
         for group, where in ranges:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]

@@ -1,6 +1,6 @@
 """The plan of a compiled step: slots, an arena planned from liveness, and the replay program.
 
-Built once from a Recorder (autograd/recorder.py). Every value of the trace has a slot in `vals`
+Built once from a Recorder (recorder.py). Every value of the trace has a slot in `vals`
 (its forward array) and, if it needs one, in `grads`; both hold fixed buffers: arguments are
 copied into their own buffers at the start of each replay, leaves are the parameters' arrays,
 and op outputs and gradients live in arena buffers. The replay program is a flat list of
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from autograd import lowering
-from autograd.recorder import Node, Recorder, Value
+from autograd.compile import lowering
+from autograd.compile.recorder import Node, Recorder, Value
 from autograd.tensor import Tensor
 
 FOREVER = math.inf
@@ -78,7 +78,7 @@ class Plan:
     """Everything one argument signature replays (built once; see the module docstring)."""
 
     def __init__(self, rec: Recorder, result: Any, fusion: bool | str, shard: Any = None) -> None:
-        """shard: None, or one shard's part of a batch-sharded step (autograd/shard.py): then the
+        """shard: None, or one shard's part of a batch-sharded step (shard.py): then the
         recorder holds that shard's share of the batch, the program is the forward and backward
         only, the parameters' gradients go to `shard.leaf_grads` and the loss is seeded with
         `shard.seed`; the caller runs the rest (reduction, clipping, the optimizer)."""
@@ -91,7 +91,7 @@ class Plan:
         self.program: list[Callable[[], Any]] = []
         self.lines: list[str] = []
         self.trace_s = self.plan_s = 0.0
-        self.unsharded = ""  # why the step is not sharded over threads (autograd/shard.py)
+        self.unsharded = ""  # why the step is not sharded over threads (autograd/compile/shard.py)
         self._result_template = result
         self._call_results: dict[int, int] = {}  # id(result of a recorded call) -> call index
         self.call_out: list[Any] = []
@@ -99,8 +99,11 @@ class Plan:
         self.inputs: list[tuple[int, np.ndarray]] = []
         self._lowered = 0
         self._generic = 0
-        # fusion: BLAS single-threaded during a replay, large products split over two threads
-        self.blas = _blas_controller() if fusion and shard is None else None
+        # fusion=True: BLAS single-threaded during a replay, large products split over two threads.
+        # Never with "exact": whether a split product rounds like the whole one depends on the
+        # BLAS kernel (OpenBLAS's Haswell kernel does not), so exact products run whole, with the
+        # BLAS's own threads, as eager calls them.
+        self.blas = _blas_controller() if fusion is True and shard is None else None
         self.matmul = lowering.split_matmul if self.blas is not None else _matmul
         # Each array argument gets a buffer of its own, refilled at the start of every replay;
         # ops read the buffer (as a tensor's data, or as a parameter such as embedding ids).
@@ -428,6 +431,7 @@ class Plan:
                 f"{ {True: 'on', False: 'off'}.get(self.fusion, self.fusion) }; traced in "
                 f"{self.trace_s:.2f} s, planned in {self.plan_s:.2f} s"
                 + (f"; not sharded: {self.unsharded}" if self.unsharded else "")
+                + f"; products: {self._products()}"
             )
         arena = (
             f"arena: {len(self.arena.buffers)} buffers, {self.arena.nbytes / mib:.1f} MiB for "
@@ -436,15 +440,22 @@ class Plan:
         )
         return "\n".join([head, *self.lines, arena])
 
+    def _products(self) -> str:
+        if self.blas is not None:
+            return (
+                f"split over two threads from {lowering.SPLIT_MIN_WORK} multiply-adds (BLAS on "
+                "one thread each)"
+            )
+        if self.fusion == "exact":
+            return (
+                "whole, with the BLAS's own threads, as eager calls them (a split product's "
+                "rounding depends on the BLAS kernel)"
+            )
+        return "whole"
+
 
 def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     np.matmul(a, b, out=out)
-
-
-def single_threaded_blas(fusion: bool) -> Any:
-    """A context with BLAS at one thread when a fused replay would split its products itself
-    (the traced call then runs as the replays will); else a no-op."""
-    return one_blas_thread()() if fusion else contextlib.nullcontext()
 
 
 def one_blas_thread() -> Callable[[], Any]:

@@ -1,0 +1,18 @@
+"""The compiled step, `autograd.compile` (docs/compile.md): trace one training step, plan its
+memory, replay it. Read in this order:
+
+    recorder.py   trace: what one eager call did, refusing what a replay could not repeat
+    plan.py       plan: a slot per value, liveness, the arena, one closure per replay step
+    lowering.py   the ops a plan runs into arena buffers with out=, and the fusions
+    shard.py      the batch split over threads, one plan per shard
+    compiler.py   compile(): one plan per argument signature, trace on the first call, replay
+
+`autograd.compile` is the function (compiler.compile); this package is `autograd.compile`'s home,
+reached by its submodules' names (`from autograd.compile import plan`).
+"""
+
+from autograd.compile.compiler import CompiledStep, compile
+from autograd.compile.recorder import TraceError
+from autograd.compile.shard import ShardedPlan
+
+__all__ = ["CompiledStep", "ShardedPlan", "TraceError", "compile"]
