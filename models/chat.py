@@ -116,8 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(chat: Chat, read: Callable[[str], str] = input, write: Any = sys.stdout) -> None:
-    """The terminal loop: read a line, stream the reply; /reset, /quit (or end of input)."""
+def run(chat: Chat, read: Callable[[str], str] | None = None, write: Any = None) -> None:
+    """The terminal loop: read a line (default input()), stream the reply (default to stdout);
+    /reset, /quit (or end of input)."""
+    read = input if read is None else read
+    write = sys.stdout if write is None else write
     write.write(
         f"{chat.model.describe()}, context {chat.context}. /reset starts over, /quit ends.\n"
     )

@@ -78,3 +78,48 @@ def test_float32_default_and_save_pretrained_round_trip(tmp_path):
     for (name, p), (_, q) in zip(model.named_parameters(), again.named_parameters(), strict=True):
         np.testing.assert_array_equal(p.data, q.data, err_msg=name)
     assert again.config == model.config
+
+
+# --- the command lines on the fixtures' tokenizers and chat templates ---------------------------
+
+
+def test_sample_cli_on_every_family(capsys):
+    from models.sample import main
+
+    for name in ("llama", "qwen2"):  # the fixtures with a tokenizer
+        args = ["--ckpt", str(HF / name), "--prompt", "Hello", "--max-new-tokens", "4"]
+        assert main([*args, "--temperature", "0"]) == 0
+        assert capsys.readouterr().out.startswith("Hello")
+
+
+def test_chat_cli_renders_the_template_and_keeps_the_conversation(monkeypatch, capsys):
+    from models import chat
+    from models.tokenizer import load_tokenizer
+
+    turns = iter(["Hi", "And you?", "/reset", "Hi"])
+    seen = []
+
+    def typed(prompt):
+        try:
+            return next(turns)
+        except StopIteration:
+            raise EOFError from None
+
+    reply = chat.Chat.reply
+
+    def recorded(self, text):  # what each turn ran: the template's ids, then the reply
+        yield from reply(self, text)
+        seen.append((list(self.tokens), [dict(m) for m in self.messages]))
+
+    monkeypatch.setattr("builtins.input", typed)
+    monkeypatch.setattr(chat.Chat, "reply", recorded)
+    args = ["--ckpt", str(HF / "qwen2"), "--temperature", "0", "--max-new-tokens", "6"]
+    assert chat.main(args) == 0
+    out = capsys.readouterr().out
+    assert "(conversation cleared)" in out
+    tok = load_tokenizer(HF / "qwen2")
+    for tokens, messages in seen:
+        rendered = tok.apply_chat_template(messages[:-1], add_generation_prompt=True)
+        assert tokens[: len(rendered)] == rendered  # the cache holds the template's ids
+    assert seen[0][1] == seen[2][1]  # after /reset the conversation starts anew
+    assert [m["role"] for m in seen[1][1]] == ["user", "assistant", "user", "assistant"]
