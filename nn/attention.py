@@ -422,7 +422,9 @@ class Block(Module):
         self.cross_attn = None
         if cross:
             self.ln_2 = make_norm(norm, n_embd, norm_eps, bias)
-            self.cross_attn = CrossAttention(n_embd, n_head, **shared, **attention)
+            # The memory's positions are the source's, not the target's: no rotary here.
+            cross = {**attention, "rotary": False}
+            self.cross_attn = CrossAttention(n_embd, n_head, **shared, **cross)
         mlp_norm = "ln_3" if cross else names.get("ln_2", "ln_2")
         self.add_module(mlp_norm, make_norm(norm, n_embd, norm_eps, bias), "ln_mlp")
         mlp_bias = bias if mlp_bias is None else mlp_bias
