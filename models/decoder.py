@@ -384,17 +384,18 @@ class Decoder(nn.Module):
         """A tensor name in the family's files -> this model's parameter name (None: skip it)."""
         return name
 
-    def _is_linear_weight(self) -> dict[str, bool]:
-        return {
-            f"{module_name}.weight": isinstance(module, nn.Linear)
-            for module_name, module in self.named_modules()
-        }
+    def transposed_in_files(self) -> set[str]:
+        """The parameters the family's files store transposed: Linear weights, where the files
+        keep torch's (out, in) layout (Llama); none for GPT-2 (Conv1D is (in, out) already)."""
+        if not self.linear_weights_transposed:
+            return set()
+        return {f"{name}.weight" for name, m in self.named_modules() if isinstance(m, nn.Linear)}
 
     def load_hf_tensors(self, tensors: Iterator[tuple[str, str, np.ndarray]], dtype: Any) -> None:
         """Copy (file, name, array) one at a time into the parameters, converting to dtype and
         (Llama) transposing Linear weights to (in, out); every parameter must be found once."""
         params = dict(self.named_parameters())
-        transposed = self._is_linear_weight() if self.linear_weights_transposed else {}
+        transposed = self.transposed_in_files()
         loaded = set()
         for source, hf_name, array in tensors:
             name = self.hf_name(hf_name)
@@ -405,13 +406,13 @@ class Decoder(nn.Module):
                     f"{source}: tensor {hf_name!r} is not a parameter of {self.describe()}"
                 )
             param = params[name]
-            expected = param.shape[::-1] if transposed.get(name) else param.shape
+            expected = param.shape[::-1] if name in transposed else param.shape
             if array.shape != expected:
                 raise ValueError(
                     f"{source}: tensor {hf_name!r} has shape {array.shape}, the config gives "
                     f"{expected}"
                 )
-            if transposed.get(name):
+            if name in transposed:
                 array = array.T
             param.data = np.ascontiguousarray(array, dtype=dtype)
             loaded.add(name)
@@ -421,9 +422,9 @@ class Decoder(nn.Module):
 
     def hf_tensors(self) -> dict[str, np.ndarray]:
         """name -> array as the family's files store it."""
-        transposed = self._is_linear_weight() if self.linear_weights_transposed else {}
+        transposed = self.transposed_in_files()
         return {
-            name: np.ascontiguousarray(p.data.T) if transposed.get(name) else p.data
+            name: np.ascontiguousarray(p.data.T) if name in transposed else p.data
             for name, p in self.named_parameters()
         }
 

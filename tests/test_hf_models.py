@@ -50,12 +50,12 @@ def test_every_gradient_equals_hf_in_float64(loaded):
     model.zero_grad()
     _, loss = model(ref["input_ids"], hf_targets(ref["labels"]))
     loss.backward()
-    transposed = model._is_linear_weight() if model.linear_weights_transposed else {}
+    transposed = model.transposed_in_files()
     grads = {key[len("grad:") :]: value for key, value in ref.items() if key.startswith("grad:")}
     ours = dict(model.named_parameters())
     assert sorted(grads) == sorted(ours)  # HF's names, one to one
     for name, expected in grads.items():
-        grad = ours[name].grad.T if transposed.get(name) else ours[name].grad
+        grad = ours[name].grad.T if name in transposed else ours[name].grad
         scale = max(1.0, np.abs(expected).max())
         np.testing.assert_allclose(grad, expected, rtol=0, atol=1e-12 * scale, err_msg=name)
 
