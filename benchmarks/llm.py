@@ -63,6 +63,15 @@ def has_hf(python: str) -> bool:
     return subprocess.run(probe, capture_output=True, check=False).returncode == 0
 
 
+def _tokens_per_s(new: int, total: float, prefill: float) -> float:
+    if total <= prefill:
+        raise RuntimeError(
+            f"generating {new} more tokens took no longer than the prefill ({total:.4f} s vs "
+            f"{prefill:.4f} s): the noise exceeds the decode time; ask for more --new tokens"
+        )
+    return new / (total - prefill)
+
+
 def _peak_rss_mb() -> float:
     import resource
 
@@ -87,7 +96,7 @@ def worker_glassgrad(directory: str, prompt_len: int, new: int, reps: int) -> di
     prefill = statistics.median(generate(1) for _ in range(reps))
     total = statistics.median(generate(1 + new) for _ in range(reps))
     blas = [f"{i['internal_api']} {i.get('architecture')}" for i in threadpool_info()]
-    return dict(prefill_s=prefill, decode_tps=new / (total - prefill), blas=blas)
+    return dict(prefill_s=prefill, decode_tps=_tokens_per_s(new, total, prefill), blas=blas)
 
 
 def worker_hf(directory: str, prompt_len: int, new: int, reps: int) -> dict:
@@ -119,7 +128,7 @@ def worker_hf(directory: str, prompt_len: int, new: int, reps: int) -> dict:
     total = statistics.median(generate(1 + new) for _ in range(reps))
     return dict(
         prefill_s=prefill,
-        decode_tps=new / (total - prefill),
+        decode_tps=_tokens_per_s(new, total, prefill),
         blas=[torch.__version__, torch.backends.cpu.get_cpu_capability()],
     )
 

@@ -191,7 +191,7 @@ def test_llm_suite_times_a_tiny_llama_in_fresh_processes(capsys):
     # one. The workers are `python -m benchmarks.llm` processes started from the repository root.
     from benchmarks import llm
 
-    assert llm.main(["--tiny", "--rounds", "1", "--reps", "1", "--prompt", "8", "--new", "4"]) == 0
+    assert llm.main(["--tiny", "--rounds", "1", "--reps", "1", "--prompt", "8", "--new", "64"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| glassgrad |"))
     prefill, decode, rss = (float(cell) for cell in row.strip("| ").split(" | ")[1:])
