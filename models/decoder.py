@@ -440,9 +440,22 @@ class Decoder(nn.Module):
         shards); weights converted to dtype (default: the default float dtype, float32)."""
         directory, config = hf.read_config(path)
         dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
-        model = cls(cls.config_from_hf(config, str(directory / "config.json"))).to(dtype)
-        model.load_hf_tensors(hf.iter_tensors(directory, path), dtype)
+        model = cls(cls.config_from_hf(config, str(directory / "config.json")), _NoInit())
+        model.to(dtype).load_hf_tensors(hf.iter_tensors(directory, path), dtype)
         return model
+
+
+class _NoInit:
+    """Stands in for the rng when every weight is about to be loaded: normal() returns an
+    uninitialised array instead of drawing one (SmolLM2-135M: 3.1 of the 3.8 s a load took).
+    load_hf_tensors refuses a checkpoint that lacks a parameter, so none stays uninitialised.
+    Dropout's mask streams are real Generators (spawn)."""
+
+    def normal(self, loc: float, scale: float, size: tuple[int, ...]) -> np.ndarray:
+        return np.empty(size, dtype=get_default_dtype())
+
+    def spawn(self, n: int) -> list[np.random.Generator]:
+        return np.random.default_rng(0).spawn(n)
 
 
 # --- choosing the next token (notes 12.2) ---------------------------------------------------------

@@ -402,3 +402,13 @@ def test_grouped_attention_gradcheck_with_a_key_mask(float64, tq):
     expected = autograd.functional.scaled_dot_product_attention(q, k2, v2, False, mask)
     grouped = nn.grouped_attention(q, k, v, False, mask)
     np.testing.assert_allclose(grouped.data, expected.data, rtol=0, atol=1e-12)
+
+
+def test_a_checkpoint_lacking_a_weight_is_refused(tmp_path):
+    # loading skips the random init (every weight is about to be read), so a gap is an error
+    llama().save_pretrained(tmp_path)
+    stored, _ = nn.load_safetensors(tmp_path / "model.safetensors")
+    del stored["model.norm.weight"]
+    nn.save_safetensors(tmp_path / "model.safetensors", stored)
+    with pytest.raises(ValueError, match=r"the checkpoint lacks model.norm.weight"):
+        models.from_pretrained(tmp_path)
