@@ -441,18 +441,19 @@ class Decoder(nn.Module):
         directory, config = hf.read_config(path)
         dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
         model = cls(cls.config_from_hf(config, str(directory / "config.json")), _NoInit())
-        model.to(dtype).load_hf_tensors(hf.iter_tensors(directory, path), dtype)
+        model.load_hf_tensors(hf.iter_tensors(directory, path), dtype)  # every one, in dtype
         return model
 
 
 class _NoInit:
     """Stands in for the rng when every weight is about to be loaded: normal() returns zeros
-    instead of drawing (SmolLM2-135M: the draws were 3.1 of the 3.8 s a load took; zeros come
-    from pages the OS hands out lazily). load_hf_tensors refuses a checkpoint that lacks a
-    parameter, so none stays zero. Dropout's mask streams are real Generators (spawn)."""
+    instead of drawing (SmolLM2-135M: the draws were 3.1 of the 3.8 s a load took). Zeros come
+    from pages the OS hands out only when written, and loading replaces each before it is: the
+    peak stays one model plus one tensor in flight. load_hf_tensors refuses a checkpoint that
+    lacks a parameter, so none stays zero. Dropout's mask streams are real Generators (spawn)."""
 
     def normal(self, loc: float, scale: float, size: tuple[int, ...]) -> np.ndarray:
-        return np.zeros(size, dtype=get_default_dtype())
+        return np.zeros(size, dtype=get_default_dtype())  # Parameter's dtype: no copy
 
     def spawn(self, n: int) -> list[np.random.Generator]:
         return np.random.default_rng(0).spawn(n)
