@@ -63,12 +63,17 @@ class DemoRun:
         s = self.settings
         return get_batch(self.corpus.train, s["batch_size"], s["block_size"], s["seed"], step)
 
-    def step(self, step: int) -> float:
-        """Train on batch `step` (the demo's learning rate at that step); returns its loss."""
+    def lr(self, step: int) -> float:
+        """The learning rate at `step` of the whole run (warmup, then cosine over its steps):
+        the capstone's 200 steps are the first of the demo's."""
         s = self.settings
-        lr = nn.optim.cosine_with_warmup(step, s["lr"], s["warmup"], s["steps"], s["min_lr"])
+        return nn.optim.cosine_with_warmup(step, s["lr"], s["warmup"], s["steps"], s["min_lr"])
+
+    def step(self, step: int) -> float:
+        """Train on batch `step` at that step's learning rate; returns the batch's loss."""
         x, y = self.batch(step)
-        return loop.train_step(self.model, self.optimizer, x, y, lr, s["grad_clip"])[0]
+        lr, clip = self.lr(step), self.settings["grad_clip"]
+        return loop.train_step(self.model, self.optimizer, x, y, lr, clip)[0]
 
     def loss(self, step: int) -> float:
         """The loss on batch `step` without training (the next step's loss, before it runs)."""
@@ -187,13 +192,16 @@ def _gpt(
     everything = {name: fn for functions in pieces.values() for name, fn in functions.items()}
     ours, yours = DemoRun(settings), DemoRun(settings)
     s, model = settings, ours.model
+    what = say("capstone_demo_gpt" if s == demo_settings() else "capstone_other_gpt", lang)
     progress(
         say(
             "capstone_gpt_header",
             lang,
+            what=what,
             model=model.describe(),
             params=model.num_parameters(),
             source=ours.corpus.source,
+            tokenizer=s["tokenizer"],
             batch=s["batch_size"],
             block=s["block_size"],
             lr=s["lr"],
@@ -242,6 +250,7 @@ def _gpt(
     return say(
         "capstone_gpt",
         lang,
+        what=what,
         params=model.num_parameters(),
         steps=steps,
         worst=worst,

@@ -174,24 +174,29 @@ MESSAGES: dict[str, dict[str, str]] = {
         "zh": "用你的部件运行笔记第 11 章：一步之后 L {before:.6f} -> {after:.6f}（笔记："
         "2.541928 -> 1.761382）",
     },
+    "capstone_demo_gpt": {
+        "en": "the demo GPT (models.train's defaults)",
+        "zh": "演示 GPT（models.train 的默认设置）",
+    },
+    "capstone_other_gpt": {"en": "a GPT of other settings", "zh": "另一种设置的 GPT"},
     "capstone_gpt_header": {
-        "en": "the demo GPT (models.train's defaults: {model}, {params:,} parameters; {source}, "
-        "characters; batches of {batch} x {block}; AdamW, lr {lr} after {warmup} warmup steps, "
-        "cosine over {total}; gradients clipped at {clip}), float64, eager: its first {steps} "
-        "steps on your pieces beside glassgrad's own",
-        "zh": "演示 GPT（models.train 的默认设置：{model}，{params:,} 个参数；{source}，字符级；"
-        "批次 {batch} x {block}；AdamW，学习率 {lr}，预热 {warmup} 步，余弦衰减共 {total} 步；"
-        "梯度裁剪到 {clip}），float64，即时执行：用你的部件与 glassgrad 自己的并排训练前 {steps} 步",
+        "en": "{what}: {model}, {params:,} parameters; {source}, {tokenizer} tokenizer; batches "
+        "of {batch} x {block}; AdamW, lr {lr} after {warmup} warmup steps, cosine over {total}; "
+        "gradients clipped at {clip}; float64, eager. Its first {steps} steps on your pieces "
+        "beside glassgrad's own:",
+        "zh": "{what}：{model}，{params:,} 个参数；{source}，{tokenizer} 分词器；批次 {batch} x "
+        "{block}；AdamW，学习率 {lr}，预热 {warmup} 步，余弦衰减共 {total} 步；梯度裁剪到 {clip}；"
+        "float64，即时执行。用你的部件与 glassgrad 自己的并排训练前 {steps} 步：",
     },
     "capstone_gpt_columns": {
         "en": "   step  your loss         glassgrad's loss  difference",
         "zh": "    步   你的损失          glassgrad 的损失  差",
     },
     "capstone_gpt": {
-        "en": "the demo GPT ({params:,} parameters) trained {steps} steps on your pieces: its "
-        "losses equal glassgrad's to {worst:.1e} (float64; bar {bar:.0e}); loss {first:.6f} -> "
+        "en": "{what}, {params:,} parameters, trained {steps} steps on your pieces: its losses "
+        "equal glassgrad's to {worst:.1e} (float64; bar {bar:.0e}); loss {first:.6f} -> "
         "{last:.6f}",
-        "zh": "用你的部件训练演示 GPT（{params:,} 个参数）{steps} 步：损失与 glassgrad 的相差 "
+        "zh": "{what}，{params:,} 个参数，用你的部件训练 {steps} 步：损失与 glassgrad 的相差 "
         "{worst:.1e}（float64；要求 {bar:.0e}）；损失 {first:.6f} -> {last:.6f}",
     },
     "capstone_gpt_diverged": {
