@@ -25,6 +25,7 @@ import numpy as np
 
 import autograd
 import nn
+from autograd.compile.plan import one_blas_thread
 from models import loop
 from models.data import get_batch
 from models.learn.exercises import EXERCISES
@@ -274,8 +275,13 @@ def run_pieces(
     autograd.set_default_dtype(np.float64)
     pieces = _by_exercise(functions)
     ch11 = _ch11(pieces, lang)
-    try:
-        gpt = _gpt(pieces, lang, demo_settings() if settings is None else settings, steps, progress)
-    except CapstoneFailed as failure:
-        raise CapstoneFailed(ch11 + "\n  " + failure.line, failure.diagnosis) from failure
+    settings = demo_settings() if settings is None else settings
+    # One BLAS thread for both runs (the comparison is within one process, so it checks the
+    # same): the demo's products are small, and on a busy 2-core machine a second thread made
+    # them 4-20x slower (the whole capstone 164 s against 43 s; docs/learn.md).
+    with one_blas_thread()():
+        try:
+            gpt = _gpt(pieces, lang, settings, steps, progress)
+        except CapstoneFailed as failure:
+            raise CapstoneFailed(ch11 + "\n  " + failure.line, failure.diagnosis) from failure
     return [ch11, gpt]
