@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 import nn
-from models import loop
 from models.learn import __main__ as cli
 from models.learn.capstone import STEPS, CapstoneFailed, DemoRun, demo_settings, run_pieces
 from models.learn.exercises import BY_NUMBER, CAPSTONE, EXERCISES
 from models.learn.grader import grade, load
 from models.learn.text import default_lang
 from models.learn.workspace import start
+from models.train import TRAINER
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "models" / "learn" / "solutions"
 # The capstone's GPT shrunk for CI (the demo's own config runs 3 steps in its own test): the same
@@ -246,14 +246,15 @@ def test_the_capstone_fails_when_any_one_piece_is_wrong(solved, tmp_path, number
         assert causes[:1] == [str(number)], line
 
 
-def test_the_capstone_trains_the_demo_gpt(solved, tmp_path):
+def test_the_capstone_trains_the_demo_gpt(solved):
     """The capstone's default GPT is `python -m models.train --dtype float64 --no-compile`'s: its
-    glassgrad column is that run's losses, step for step (3 steps of the 200)."""
+    glassgrad column is that run's losses, step for step (3 steps of the 200), and its learning
+    rates are that run's past the warmup too."""
     shown = []
     lines = run_pieces(_pieces(solved), "en", steps=3, progress=shown.append)
     assert "trained 3 steps" in lines[-1] and STEPS == 200
-    args = ["--dtype", "float64", "--out", str(tmp_path), "--no-compile", "--quiet"]
-    settings = loop.resolve_settings(loop.build_parser().parse_args(args))
+    args = TRAINER.build_parser().parse_args(["--dtype", "float64"])
+    settings = {**TRAINER.resolve_settings(args), "out": None}  # out None: nothing written
     stop, steps_run = threading.Event(), []
 
     def after_backward(params):  # the loop's own stop request: it ends after the third step
@@ -261,14 +262,13 @@ def test_the_capstone_trains_the_demo_gpt(solved, tmp_path):
         if len(steps_run) == 3:
             stop.set()
 
-    history = loop.train(
-        settings, quiet=True, after_backward=after_backward, stop=stop, compile=False
-    )
+    options = {"quiet": True, "after_backward": after_backward, "stop": stop, "compile": False}
+    history = TRAINER.train(settings, **options)
     header, _, *rows = shown
     assert header.startswith("the demo GPT (models.train's defaults): GPT(vocab_size="), header
     assert len(history["loss"]) == len(rows) == 3, (history["loss"], rows)
     for row, loss in zip(rows, history["loss"], strict=True):
-        step, yours, glassgrads, diff = row.split()
+        _, yours, glassgrads, _ = row.split()
         assert float(glassgrads) == pytest.approx(loss, abs=1e-12), (row, loss)
         assert abs(float(yours) - loss) <= 1e-9, (row, loss)
     # past the warmup too, the learning rates are those of the demo's whole run, not of 200 steps

@@ -5,10 +5,11 @@ backward loop, softmax, cross-entropy, layernorm, embedding, attention, AdamW):
 
 1. the notes' ch. 11 worked example must give L 2.541928 -> 1.761382 after one step of gradient
    descent;
-2. the demo GPT, the model `make demo` / `python -m models.train` trains, with the loop's own
-   defaults (models/loop.py: its config, the stdlib corpus, the character tokenizer, the batches,
-   AdamW with its schedule and gradient clipping), trained eagerly in float64 for its first 200
-   steps, must produce glassgrad's own losses to 1e-9 at every step.
+2. the demo GPT, the model `make demo` / `python -m models.train` trains, with the training
+   code's own defaults (models/train.py and models/loop.py: its config, the stdlib corpus, the
+   character tokenizer, the batches, AdamW with its schedule and gradient clipping), trained
+   eagerly in float64 for its first 200 steps, must produce glassgrad's own losses to 1e-9 at
+   every step.
 
 Glassgrad's losses are computed in the same run, step by step beside the learner's: two BLAS
 builds (or thread counts) round differently, so stored numbers would not do. At the first step
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -27,10 +29,10 @@ import autograd
 import nn
 from autograd.compile.plan import one_blas_thread
 from models import loop
-from models.data import get_batch
 from models.learn.exercises import EXERCISES
 from models.learn.plug import plugged
 from models.learn.text import say
+from models.train import TRAINER
 from models.worked_example import WorkedExample
 
 NOTES_L = (2.541928, 1.761382)  # notes 11.3 and 11.6, 6 decimals
@@ -46,23 +48,28 @@ class CapstoneFailed(Exception):
 
 
 def demo_settings(**overrides: Any) -> dict[str, Any]:
-    """The settings `python -m models.train` runs with by default, in float64 (the capstone's
-    1e-9 is a float64 bar); the tests shrink the model through `overrides`."""
-    return {**loop.DEFAULTS, "dtype": "float64", **overrides}
+    """What `python -m models.train --dtype float64` runs with (the loop resolves the GPT's
+    defaults as for the command line; float64: the capstone's 1e-9 is a float64 bar), with
+    `overrides` (the tests' smaller GPT)."""
+    args = TRAINER.build_parser().parse_args(["--dtype", "float64"])
+    return {**TRAINER.resolve_settings(args), **overrides}
 
 
 class DemoRun:
-    """models.train's loop, one eager step at a time: the model, optimizer, batches, learning
-    rate schedule and gradient clipping are the loop's own (models/loop.py)."""
+    """models.train's run, one eager step at a time: the corpus, tokenizer, batches and model are
+    the GPT trainer's (models/train.py), the optimizer, schedule, clipping and step the loop's
+    (models/loop.py Trainer.fit, train_step)."""
 
     def __init__(self, settings: dict[str, Any]):
         self.settings = settings
-        self.model, self.optimizer, _, self.corpus, _, _ = loop._setup(settings, resume=False)
+        self.data = TRAINER.prepare(settings, None)
+        self.model = TRAINER.build(settings, self.data)
+        groups = loop.param_groups(self.model, settings["weight_decay"])
+        self.optimizer = nn.optim.AdamW(groups, lr=settings["lr"], betas=TRAINER.betas)
         self.model.train()
 
-    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        s = self.settings
-        return get_batch(self.corpus.train, s["batch_size"], s["block_size"], s["seed"], step)
+    def batch(self, step: int) -> loop.Batch:
+        return TRAINER.batch(self.settings, self.data, step, rank=0, world_size=1)
 
     def lr(self, step: int) -> float:
         """The learning rate at `step` of the whole run (warmup, then cosine over its steps):
@@ -72,14 +79,14 @@ class DemoRun:
 
     def step(self, step: int) -> float:
         """Train on batch `step` at that step's learning rate; returns the batch's loss."""
-        x, y = self.batch(step)
+        loss_fn = partial(TRAINER.loss, self.model)
         lr, clip = self.lr(step), self.settings["grad_clip"]
-        return loop.train_step(self.model, self.optimizer, x, y, lr, clip)[0]
+        return loop.train_step(loss_fn, self.optimizer, self.batch(step), lr, clip)[0]
 
     def loss(self, step: int) -> float:
         """The loss on batch `step` without training (the next step's loss, before it runs)."""
         with autograd.no_grad():
-            return self.model(*self.batch(step))[1].item()
+            return TRAINER.loss(self.model, *self.batch(step)).item()
 
     def state(self) -> tuple[dict, dict]:
         return (
@@ -201,7 +208,7 @@ def _gpt(
             what=what,
             model=model.describe(),
             params=model.num_parameters(),
-            source=ours.corpus.source,
+            source=ours.data.corpus.source,
             tokenizer=s["tokenizer"],
             batch=s["batch_size"],
             block=s["block_size"],
