@@ -128,7 +128,7 @@ def _causes(
     pieces: dict[int, dict[str, Callable]], effect: Callable[[], float], bar: float, lang: str
 ) -> str:
     """Which exercise is the likely cause: each one's pieces alone (every other piece
-    glassgrad's) run `effect`, how far that moves glassgrad's number (inf: it raises). Named:
+    glassgrad's) run `effect`: how far that moves glassgrad's number (inf: it raises). Named:
     those beyond the bar, else the one that moves it most (a difference that grew over steps)."""
     effects = {}
     for number, functions in pieces.items():
@@ -137,8 +137,12 @@ def _causes(
                 effects[number] = effect()
             except Exception:
                 effects[number] = math.inf
-    ranked = sorted(effects, key=effects.get, reverse=True)
-    named = [n for n in ranked if effects[n] > bar] or ranked[:1]
+
+    def size(n: int) -> float:  # a NaN is as far as it gets
+        return math.inf if math.isnan(effects[n]) else effects[n]
+
+    ranked = sorted(effects, key=size, reverse=True)
+    named = [n for n in ranked if size(n) > bar] or ranked[:1]
     lines = []
     for n in named:
         title = EXERCISES[n - 1].title[lang]
