@@ -287,9 +287,10 @@ def run_pieces(
     pieces = _by_exercise(functions)
     ch11 = _ch11(pieces, lang)
     settings = demo_settings() if settings is None else settings
-    # One BLAS thread for both runs (the comparison is within one process, so it checks the
-    # same): the demo's products are small, and on a busy 2-core machine a second thread made
-    # them 4-20x slower (the whole capstone 164 s against 43 s; docs/learn.md).
+    # One BLAS thread for both runs (they compare within one process, so what is checked is
+    # the same): the demo's products are small; on a quiet 2-core machine a second thread saved
+    # a fifth of the time, on a busy one each product waited for a thread that was not scheduled
+    # and the capstone took 164 s instead of 42-50 s (docs/learn.md).
     with one_blas_thread()():
         try:
             gpt = _gpt(pieces, lang, settings, steps, progress)
