@@ -431,6 +431,12 @@ class BPETokenizer:
         """The text of a sequence of ids. Bytes that do not form UTF-8 (a sequence cut inside a
         character) become U+FFFD, as in GPT-2; an id outside the vocabulary is an error.
         skip_special_tokens drops the added tokens marked special, as Hugging Face's does."""
+        return self.decode_bytes(ids, skip_special_tokens).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids: Any, skip_special_tokens: bool = False) -> bytes:
+        """The bytes of a sequence of ids, before UTF-8 decoding. A streamer that prints tokens
+        as they are sampled feeds these to an incremental UTF-8 decoder, so that a character
+        cut across tokens (an emoji is often two to four) is printed once, whole."""
         ids = np.asarray(ids)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
             raise ValueError(
@@ -442,13 +448,12 @@ class BPETokenizer:
             skip = set(self.special_tokens.values())
             ids = [i for i in ids if i not in skip]
         try:
-            data = b"".join([self._bytes[i] for i in ids])
+            return b"".join([self._bytes[i] for i in ids])
         except KeyError as exc:
             raise ValueError(
                 f"BPETokenizer.decode: id {exc.args[0]} is not in the vocabulary "
                 f"({len(self._bytes)} tokens, ids below {self.vocab_size})"
             ) from None
-        return data.decode("utf-8", errors="replace")
 
     def apply_chat_template(
         self,

@@ -9,6 +9,7 @@ added tokens that are not special) and SmolLM2's (a Digits step, then GPT-2's re
 tokens inside the vocabulary at ids 0-2, the template in chat_template.jinja).
 """
 
+import codecs
 import json
 import shutil
 import unicodedata
@@ -139,6 +140,17 @@ def test_the_longest_added_token_wins(tokenizers):
     )
     ids = tok.encode("x<a>bc<a>b<a<a", allowed_special="all")
     assert [tok.decode([i]) for i in ids] == ["x", "<a>b", "c", "<a>b", "<", "a", "<", "a"]
+
+
+def test_streaming_prints_each_character_once_whole(tokenizers):
+    """decode_bytes + an incremental UTF-8 decoder: what a chat prints token by token."""
+    tok = tokenizers["llama"]
+    text = "变换器 🙂👩\u200d💻 ok"
+    ids = tok.encode(text)
+    assert any("\ufffd" in tok.decode([i]) for i in ids)  # some tokens hold part of a character
+    stream = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    printed = [stream.decode(tok.decode_bytes([i])) for i in ids]
+    assert "".join(printed) == text and "\ufffd" not in "".join(printed)
 
 
 @settings(max_examples=40, deadline=None)
