@@ -277,6 +277,8 @@ def set_key(*keys, value):
         (set_key("decoder", value=None), r"decoder = null"),
         (set_key("post_processor", value={"type": "RobertaProcessing"}), "RobertaProcessing"),
         (set_key("model", "vocab", "Ġ", value=None), r"ids must be non-negative integers"),
+        (set_key("added_tokens", 1, "id", value="508"), r"added_tokens\[1\] needs a string"),
+        (set_key("post_processor", value=[1]), r"post_processor = \[1\] is not supported"),
     ],
 )  # fmt: skip
 def test_unsupported_or_broken_files_name_the_field(tmp_path, change, message):
