@@ -431,6 +431,12 @@ class BPETokenizer:
         """The text of a sequence of ids. Bytes that do not form UTF-8 (a sequence cut inside a
         character) become U+FFFD, as in GPT-2; an id outside the vocabulary is an error.
         skip_special_tokens drops the added tokens marked special, as Hugging Face's does."""
+        return self.decode_bytes(ids, skip_special_tokens).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids: Any, skip_special_tokens: bool = False) -> bytes:
+        """The bytes of a sequence of ids, before UTF-8 decoding. A streamer that prints tokens
+        as they are sampled feeds these to an incremental UTF-8 decoder, so that a character
+        cut across tokens (an emoji is often two to four) is printed once, whole."""
         ids = np.asarray(ids)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
             raise ValueError(
@@ -442,13 +448,12 @@ class BPETokenizer:
             skip = set(self.special_tokens.values())
             ids = [i for i in ids if i not in skip]
         try:
-            data = b"".join([self._bytes[i] for i in ids])
+            return b"".join([self._bytes[i] for i in ids])
         except KeyError as exc:
             raise ValueError(
                 f"BPETokenizer.decode: id {exc.args[0]} is not in the vocabulary "
                 f"({len(self._bytes)} tokens, ids below {self.vocab_size})"
             ) from None
-        return data.decode("utf-8", errors="replace")
 
     def apply_chat_template(
         self,
@@ -516,8 +521,9 @@ class BPETokenizer:
         for the chat template) if it has one, else GPT-2's vocab.json + merges.txt (a directory
         written by save, or GPT-2's own: a download of gpt2 has all three, which agree)."""
         directory = Path(directory)
-        if _is_hf_tokenizer(directory / "tokenizer.json"):
-            return _read_hf_tokenizer(directory)
+        data = _read_tokenizer_json(directory)
+        if _is_hf(data):
+            return _read_hf_tokenizer(directory, data)
         vocab_path, merges_path = directory / "vocab.json", directory / "merges.txt"
         missing = [p.name for p in (vocab_path, merges_path) if not p.is_file()]
         if len(missing) == 2:
@@ -631,16 +637,22 @@ _SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad
                         "cls_token", "mask_token")  # fmt: skip
 
 
-def _is_hf_tokenizer(path: Path) -> bool:
-    """Whether path is Hugging Face's tokenizer.json (glassgrad's character one has no model)."""
-    return path.is_file() and "model" in _read_json(path)
-
-
-def _read_hf_tokenizer(directory: Path) -> BPETokenizer:
-    """A BPETokenizer from directory/tokenizer.json, with tokenizer_config.json's chat template
-    and special-token names (or chat_template.jinja's template, which newer files keep apart)."""
+def _read_tokenizer_json(directory: Path) -> Any:
+    """directory/tokenizer.json parsed, or None if there is none: Hugging Face's (a dict with a
+    "model") or the character tokenizer's."""
     path = directory / "tokenizer.json"
-    data = _read_json(path)
+    return _read_json(path) if path.is_file() else None
+
+
+def _is_hf(data: Any) -> bool:
+    return isinstance(data, dict) and "model" in data
+
+
+def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
+    """A BPETokenizer from directory/tokenizer.json (parsed: data), with tokenizer_config.json's
+    chat template and special-token names (or chat_template.jinja's template, kept apart in
+    newer downloads)."""
+    path = directory / "tokenizer.json"
 
     def refuse(field: str, value: Any, supported: str) -> ValueError:
         return ValueError(
@@ -674,11 +686,14 @@ def _read_hf_tokenizer(directory: Path) -> BPETokenizer:
         merges.append(pair)
     added = []
     for i, entry in enumerate(data.get("added_tokens") or []):
+        if not isinstance(entry.get("content"), str) or type(entry.get("id")) is not int:
+            raise ValueError(f"{path}: added_tokens[{i}] needs a string content and an int id")
         for flag in ("single_word", "lstrip", "rstrip"):
             if entry.get(flag):
                 raise refuse(f"added_tokens[{i}].{flag} ({entry['content']!r})", True, "false only")
+        special = bool(entry.get("special"))
         added.append(
-            AddedToken(entry["content"], entry["id"], entry["special"], entry["normalized"])
+            AddedToken(entry["content"], entry["id"], special, entry.get("normalized", not special))
         )
     normalizer = data.get("normalizer")
     kinds = (
@@ -752,7 +767,11 @@ def _hf_pre_tokenizer(spec: Any, refuse: Callable[..., ValueError]) -> list[str]
 
 def _hf_post_processor(spec: Any, refuse: Callable[..., ValueError]) -> tuple[list[int], list[int]]:
     """The ids a post_processor puts before and after one text (for add_special_tokens)."""
-    if spec is None or spec.get("type") == "ByteLevel":  # ByteLevel only moves offsets
+    if spec is None:
+        return [], []
+    if not isinstance(spec, dict):
+        raise refuse("post_processor", spec, "an object")
+    if spec.get("type") == "ByteLevel":  # ByteLevel only moves offsets
         return [], []
     if spec.get("type") == "Sequence":
         bos, eos = [], []
@@ -803,12 +822,13 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     """The tokenizer of a checkpoint or model directory: Hugging Face's tokenizer.json if there
     is one, else GPT-2's vocab.json + merges.txt, else the character tokenizer's tokenizer.json."""
     directory = Path(directory)
-    path = directory / "tokenizer.json"
-    gpt2_files = [directory / "vocab.json", directory / "merges.txt"]
-    if _is_hf_tokenizer(path) or any(p.is_file() for p in gpt2_files):
+    data = _read_tokenizer_json(directory)
+    if _is_hf(data):
+        return _read_hf_tokenizer(directory, data)
+    if (directory / "vocab.json").is_file() or (directory / "merges.txt").is_file():
         return BPETokenizer.from_pretrained(directory)  # which names a missing file
-    if path.is_file():
-        return CharTokenizer.load(path)
+    if data is not None:
+        return CharTokenizer.from_dict(data)
     raise FileNotFoundError(
         f"{directory} holds no tokenizer: no tokenizer.json (Hugging Face's or the character "
         "tokenizer's) and no vocab.json + merges.txt (GPT-2's)"

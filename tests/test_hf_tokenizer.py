@@ -9,6 +9,7 @@ added tokens that are not special) and SmolLM2's (a Digits step, then GPT-2's re
 tokens inside the vocabulary at ids 0-2, the template in chat_template.jinja).
 """
 
+import codecs
 import json
 import shutil
 import unicodedata
@@ -42,8 +43,8 @@ def tokenizers():
 def cases():
     return [
         pytest.param(name, case, id=f"{name}-{i}")
-        for name, named in TOKENIZER_REFERENCE.items()
-        for i, case in enumerate(named)
+        for name in DIRECTORIES
+        for i, case in enumerate(TOKENIZER_REFERENCE[name])
     ]
 
 
@@ -62,6 +63,23 @@ def test_ids_equal_hugging_faces(tokenizers, name, case):
     )
     assert tok.decode(case["ids"]) == case["decoded"]
     assert tok.decode(case["ids"], skip_special_tokens=True) == case["decoded_skip_special"]
+
+
+@pytest.mark.parametrize("name", sorted(DIRECTORIES))
+def test_ids_equal_hugging_faces_on_random_texts(tokenizers, name):
+    """120 random strings each, from characters where regex engines could disagree (Oniguruma in
+    `tokenizers`, the `regex` module here): Unicode spaces and controls (\\x1c-\\x1f, \\x85,
+    U+2028, U+3000, ...), combining marks, ZWJ, letters and digits of several scripts,
+    contractions in both cases, pieces of added tokens."""
+    tok = tokenizers[name]
+    random_cases = TOKENIZER_REFERENCE[f"{name}_random"]
+    assert len(random_cases) == 120
+    wrong = [
+        case["text"]
+        for case in random_cases
+        if tok.encode(case["text"], allowed_special="all") != case["ids"]
+    ]
+    assert not wrong
 
 
 def test_the_fixtures_exercise_each_setting(tokenizers):
@@ -122,6 +140,17 @@ def test_the_longest_added_token_wins(tokenizers):
     )
     ids = tok.encode("x<a>bc<a>b<a<a", allowed_special="all")
     assert [tok.decode([i]) for i in ids] == ["x", "<a>b", "c", "<a>b", "<", "a", "<", "a"]
+
+
+def test_streaming_prints_each_character_once_whole(tokenizers):
+    """decode_bytes + an incremental UTF-8 decoder: what a chat prints token by token."""
+    tok = tokenizers["llama"]
+    text = "变换器 🙂👩\u200d💻 ok"
+    ids = tok.encode(text)
+    assert any("\ufffd" in tok.decode([i]) for i in ids)  # some tokens hold part of a character
+    stream = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    printed = [stream.decode(tok.decode_bytes([i])) for i in ids]
+    assert "".join(printed) == text and "\ufffd" not in "".join(printed)
 
 
 @settings(max_examples=40, deadline=None)
@@ -248,6 +277,8 @@ def set_key(*keys, value):
         (set_key("decoder", value=None), r"decoder = null"),
         (set_key("post_processor", value={"type": "RobertaProcessing"}), "RobertaProcessing"),
         (set_key("model", "vocab", "Ġ", value=None), r"ids must be non-negative integers"),
+        (set_key("added_tokens", 1, "id", value="508"), r"added_tokens\[1\] needs a string"),
+        (set_key("post_processor", value=[1]), r"post_processor = \[1\] is not supported"),
     ],
 )  # fmt: skip
 def test_unsupported_or_broken_files_name_the_field(tmp_path, change, message):
