@@ -15,9 +15,22 @@ except ImportError as exc:
     ) from exc
 from autograd.functional import apply_rotary, linear, rotary_tables  # the primitives layers use
 from nn import optim
-from nn.attention import Block, CausalSelfAttention, LayerKVCache
+from nn.attention import (
+    Attention,
+    Block,
+    CausalSelfAttention,
+    CrossAttention,
+    DecoderBlock,
+    EncoderBlock,
+    LayerKVCache,
+    RotaryPositions,
+    SelfAttention,
+    grouped_attention,
+    make_norm,
+)
 from nn.checkpoint import (
     CheckpointError,
+    iter_safetensors,
     join_optimizer_state,
     load_checkpoint,
     load_safetensors,
@@ -32,6 +45,7 @@ from nn.layers import (
     MLP,
     Dropout,
     Embedding,
+    GatedMLP,
     LayerNorm,
     Linear,
     ReLU,
@@ -40,10 +54,6 @@ from nn.layers import (
 from nn.module import Module, ModuleList, Parameter, Sequential
 from nn.optim import clip_grad_norm_
 from nn.transformer import (
-    CrossAttention,
-    DecoderBlock,
-    EncoderBlock,
-    SelfAttention,
     SinusoidalPositions,
     position_embedding,
     sinusoidal_table,
@@ -52,6 +62,7 @@ from nn.transformer import (
 __all__ = [
     "GELU",
     "MLP",
+    "Attention",
     "Block",
     "CausalSelfAttention",
     "CheckpointError",
@@ -59,6 +70,7 @@ __all__ = [
     "DecoderBlock",
     "Dropout",
     "Embedding",
+    "GatedMLP",
     "EncoderBlock",
     "LayerKVCache",
     "LayerNorm",
@@ -67,14 +79,18 @@ __all__ = [
     "ModuleList",
     "Parameter",
     "RMSNorm",
+    "RotaryPositions",
     "ReLU",
     "SelfAttention",
     "Sequential",
     "SinusoidalPositions",
     "apply_rotary",
     "clip_grad_norm_",
+    "iter_safetensors",
     "join_optimizer_state",
+    "grouped_attention",
     "linear",
+    "make_norm",
     "load_checkpoint",
     "load_safetensors",
     "optim",

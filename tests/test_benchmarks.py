@@ -196,3 +196,16 @@ def test_autodiff_modes_variants_run(kind):
         assert figures["parameters"] > 0 and figures["blas"]
         if variant.startswith("compiled"):
             assert figures["arena_peak_live_mib"] <= figures["arena_mib"]
+
+
+def test_llm_suite_times_a_tiny_llama_in_fresh_processes(capsys):
+    # The real run writes a SmolLM2-135M-shaped directory; --tiny runs the same code on a tiny
+    # one. The workers are `python -m benchmarks.llm` processes started from the repository root.
+    from benchmarks import llm
+
+    assert llm.main(["--tiny", "--rounds", "1", "--reps", "1", "--prompt", "8", "--new", "64"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| glassgrad |"))
+    prefill, decode, rss = (float(cell) for cell in row.strip("| ").split(" | ")[1:])
+    assert prefill > 0 and decode > 0 and rss > 0
+    assert "HF transformers" in out or "no HF column" in out
