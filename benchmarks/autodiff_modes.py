@@ -48,14 +48,26 @@ VARIANTS = {
 }
 
 
+# `--config smollm2-135m`: SmolLM2-135M's Llama shape (benchmarks.llm) at T 256, batch 2
+SMOLLM2_TRAIN = "V49152/T256/L30/H9/C576/B2"
+
+
 def _model(config_text: str, checkpointing: bool = False) -> tuple[Any, Any, np.ndarray, Any]:
     from benchmarks.configs import parse_config
+    from benchmarks.llm import SMOLLM2_135M
     from models.gpt import GPT
+    from models.llama import Llama, llama_config
 
-    bench = parse_config(config_text)
-    config = bench.gpt_config()
-    config.gradient_checkpointing = checkpointing
-    model = GPT(config, rng=np.random.default_rng(0))
+    if config_text == "smollm2-135m":
+        bench = parse_config(SMOLLM2_TRAIN)
+        config = llama_config(**{**SMOLLM2_135M, "block_size": bench.block_size})
+        config.gradient_checkpointing = checkpointing
+        model = Llama(config, rng=np.random.default_rng(0))
+    else:
+        bench = parse_config(config_text)
+        config = bench.gpt_config()
+        config.gradient_checkpointing = checkpointing
+        model = GPT(config, rng=np.random.default_rng(0))
     rng = np.random.default_rng(1)
     shape = (bench.batch_size, bench.block_size)
     return (
@@ -158,7 +170,11 @@ def worker(kind: str, variant: str, config_text: str, reps: int) -> dict[str, An
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.autodiff_modes")
     parser.add_argument("kind", choices=sorted(VARIANTS))
-    parser.add_argument("--config", default="small", help="tiny, mid, small or V../T../L../...")
+    parser.add_argument(
+        "--config",
+        default="small",
+        help="tiny, mid, small, V../T../L../... (a GPT) or smollm2-135m (Llama, T 256, B 2)",
+    )
     parser.add_argument("--procs", type=int, default=3, help="fresh processes per variant")
     parser.add_argument("--reps", type=int, default=3, help="timed calls per process")
     parser.add_argument("--variants", help="comma-separated subset of the kind's variants")
