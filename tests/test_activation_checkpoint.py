@@ -12,6 +12,7 @@ import nn
 from autograd import Tensor
 from autograd.tensor import _topological_order
 from models.gpt import GPT, GPTConfig
+from models.llama import Llama, llama_config
 
 
 def kept_bytes(out: Tensor) -> int:
@@ -101,3 +102,34 @@ def test_checkpoint_without_grad_or_inside_forward_mode_is_the_plain_call(float6
     outer = Tensor(x.data, True) * 2  # not a leaf: fn must get it as an argument
     with pytest.raises(ValueError, match=r"reads a tensor of shape \(3,\) made by Mul outside"):
         autograd.checkpoint(lambda t: t * outer, Tensor(x.data, True))
+
+
+def test_a_llama_with_checkpointed_blocks_compiles_to_the_plain_eager_step(float64):
+    # rotary, RMSNorm, SwiGLU and grouped-query attention inside the segments, dropout on
+    def setup(checkpointing):
+        config = llama_config(
+            vocab_size=50, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=16,
+            ffn_hidden=24, tie_word_embeddings=True, dropout=0.1,
+            gradient_checkpointing=checkpointing,
+        )  # fmt: skip
+        model = Llama(config, rng=np.random.default_rng(0))
+        optimizer = nn.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step(x, y):
+            optimizer.zero_grad()
+            _, loss = model(x, y)
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        return model, step
+
+    plain, eager = setup(False)
+    checkpointed, step = setup(True)
+    compiled = autograd.compile(step, fusion=False)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        d = rng.integers(0, 50, (3, 17))
+        assert compiled(d[:, :-1], d[:, 1:]).item() == eager(d[:, :-1], d[:, 1:]).item()
+    for (name, p), q in zip(plain.named_parameters(), checkpointed.parameters(), strict=True):
+        assert np.array_equal(p.data, q.data), name
