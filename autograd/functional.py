@@ -82,10 +82,13 @@ class Linear(Op):
 
     def backward(self, g):
         x, weight, has_bias = self.saved
+        need_x, need_w = self.needs_input_grad[:2]
         g2 = g.reshape(-1, g.shape[-1])
-        gx = (g2 @ weight.T).reshape(x.shape)
-        gw = x.reshape(-1, x.shape[-1]).T @ g2
-        return (gx, gw, g2.sum(axis=0)) if has_bias else (gx, gw)
+        gx = (g2 @ weight.T).reshape(x.shape) if need_x else None
+        gw = x.reshape(-1, x.shape[-1]).T @ g2 if need_w else None  # none for a frozen weight
+        if not has_bias:
+            return gx, gw
+        return gx, gw, (g2.sum(axis=0) if self.needs_input_grad[2] else None)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -15,6 +15,7 @@ except ImportError as exc:
     ) from exc
 from autograd.functional import apply_rotary, linear, rotary_tables  # the primitives layers use
 from nn import optim
+from nn.accumulate import accumulate_gradients, counted_targets, split_batch
 from nn.attention import Block, CausalSelfAttention, LayerKVCache
 from nn.checkpoint import (
     CheckpointError,
@@ -37,6 +38,15 @@ from nn.layers import (
     ReLU,
     RMSNorm,
 )
+from nn.lora import (
+    LoRA,
+    apply_lora,
+    load_adapter,
+    merge_lora,
+    save_adapter,
+    unload_lora,
+    unmerge_lora,
+)
 from nn.module import Module, ModuleList, Parameter, Sequential
 from nn.optim import clip_grad_norm_
 from nn.transformer import (
@@ -50,6 +60,16 @@ from nn.transformer import (
 )
 
 __all__ = [
+    "unmerge_lora",
+    "unload_lora",
+    "split_batch",
+    "save_adapter",
+    "merge_lora",
+    "load_adapter",
+    "counted_targets",
+    "apply_lora",
+    "accumulate_gradients",
+    "LoRA",
     "GELU",
     "MLP",
     "Block",

@@ -371,8 +371,12 @@ class Plan:
 
     # --- replay -------------------------------------------------------------------------------
     def still_valid(self) -> bool:
-        """False if a parameter's array was replaced since the plan was made (then retrace)."""
-        return all(v.tensor._data is a for v, a in zip(self.leaves, self.leaf_arrays, strict=True))
+        """False if a parameter's array was replaced, or it was frozen or unfrozen, since the
+        plan was made (then retrace: the plan has gradient buffers for the trainable ones only)."""
+        return all(
+            v.tensor._data is a and v.tensor._requires_grad == v.requires_grad
+            for v, a in zip(self.leaves, self.leaf_arrays, strict=True)
+        )
 
     def replay(self, args: tuple) -> Any:
         self.load(args)
