@@ -240,7 +240,12 @@ class LayerNorm(Function):
 
     def backward(self, g):
         x, weight, mean, rstd, _ = self.saved
-        return kernels.layer_norm_backward(g, x, weight, mean, rstd)
+        grads = kernels.layer_norm_backward(g, x, weight, mean, rstd)
+        # one fused pass makes all three (dw, db are its by-product sums); a frozen weight or
+        # bias gets None, so that nothing is kept or passed on for it
+        return tuple(
+            gr if need else None for gr, need in zip(grads, self.needs_input_grad, strict=True)
+        )
 
     def vjp(self, g, output):  # the same formula in Tensor ops, the statistics recomputed
         (x, weight, _), eps = self.inputs, self.saved[-1]
@@ -282,19 +287,20 @@ class RMSNorm(Function):
 
     def backward(self, g):
         xhat, weight, rstd, _ = self.saved
-        return _rms_norm_vjp(g, xhat, weight, rstd)
+        return _rms_norm_vjp(g, xhat, weight, rstd, self.needs_input_grad)
 
     def vjp(self, g, output):  # the statistics recomputed as Tensors, then the same rule
         (x, weight), eps = self.inputs, self.saved[-1]
         rstd = 1 / ((x * x).mean(axis=-1, keepdims=True) + eps).sqrt()
-        return _rms_norm_vjp(g, x * rstd, weight, rstd)
+        return _rms_norm_vjp(g, x * rstd, weight, rstd, self.needs_input_grad)
 
 
-def _rms_norm_vjp(g: Any, xhat: Any, weight: Any, rstd: Any) -> tuple:
-    """RMSNorm's VJP on arrays or Tensors (the formula above)."""
+def _rms_norm_vjp(g: Any, xhat: Any, weight: Any, rstd: Any, needs: tuple) -> tuple:
+    """RMSNorm's VJP on arrays or Tensors (the formula above); None for what needs no grad."""
+    need_x, need_w = needs
     u = g * weight
-    gx = rstd * (u - xhat * (u * xhat).mean(axis=-1, keepdims=True))
-    return gx, _sum_rows(g * xhat)
+    gx = rstd * (u - xhat * (u * xhat).mean(axis=-1, keepdims=True)) if need_x else None
+    return gx, (_sum_rows(g * xhat) if need_w else None)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5) -> Tensor:
