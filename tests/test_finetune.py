@@ -176,6 +176,8 @@ def test_compiled_step_with_frozen_parameters_equals_eager(fusion):
         _assert_close(p.data, q.data, fusion, name)
     np.testing.assert_allclose(l_c, l_e, rtol=0 if fusion is False else 1e-12)
     plan = run.plan_for(*_batch())
+    if fusion is True:  # the trainable ones still update as one fused AdamW over a flat buffer
+        assert "AdamW fused" in plan.describe()
     shards = getattr(plan, "shards", [plan])
     for shard in shards:
         for v in shard.leaves:
@@ -200,12 +202,18 @@ def test_compiled_step_keeps_no_gradient_buffers_for_frozen_parameters():
     assert saved == frozen_bytes
 
 
-def test_freezing_after_tracing_retraces():
-    (_, model, run) = _compiled_vs_eager(False, lambda m: None, steps=1)[1]
-    model.freeze("transformer.h.1.*")
-    before = model.transformer.h[1].mlp.c_fc.weight.data.copy()
+def test_freezing_or_unfreezing_after_tracing_retraces():
+    (_, model, run) = _compiled_vs_eager(False, lambda m: m.freeze("transformer.h.1.*"), steps=1)[1]
+    weight = model.transformer.h[1].mlp.c_fc.weight
+    before = weight.data.copy()
+    weight.requires_grad = True  # a plan without its gradient would leave it as it is
     run(*_batch())
-    np.testing.assert_array_equal(model.transformer.h[1].mlp.c_fc.weight.data, before)
+    assert not np.array_equal(weight.data, before)
+    model.freeze("transformer.h.1.*")
+    before = weight.data.copy()
+    run(*_batch())
+    np.testing.assert_array_equal(weight.data, before)
+    assert weight.grad is None
     assert len(run.plans) == 1  # the stale plan was replaced, not kept beside
 
 
@@ -233,6 +241,7 @@ def test_lora_step_zero_equals_the_base_model_and_only_adapters_train():
 def test_lora_gradients_gradcheck():
     rng = np.random.default_rng(0)
     lora = nn.LoRA(nn.Linear(5, 3, rng=rng), rank=2, alpha=3.0, rng=rng)
+    assert not lora.weight.requires_grad and not lora.bias.requires_grad  # the base is frozen
     lora.lora_B.data = rng.standard_normal((2, 3))  # nonzero B, so that A's gradient is too
     x = Tensor(rng.standard_normal((2, 4, 5)), requires_grad=True)
     gradcheck(lambda x, a, b: lora(x), [x, lora.lora_A, lora.lora_B])
