@@ -74,8 +74,10 @@ class LoRA(Module):
         y = F.linear(x, self.weight, self.bias)
         if self.merged:  # W already holds W + (alpha / r) A B
             return y
-        # scale the (N, r) product, the smallest array of the detour
-        return y + F.linear(F.linear(x, self.lora_A) * self.scale, self.lora_B)
+        # the scale on B (r, out): computed from parameters only, so a batch-sharded compiled
+        # step computes it once per shard instead of scaling a batched array (autograd/compile/
+        # shard.py knows no product with a constant on batched values)
+        return y + F.linear(F.linear(x, self.lora_A), self.lora_B * self.scale)
 
     def delta(self) -> np.ndarray:
         """The update the adapter adds to the weight: (alpha / r) A B, shaped (in, out)."""

@@ -159,7 +159,8 @@ def _compiled_vs_eager(fusion, prepare, steps=3):
             optimizer.step()
             return loss
 
-        run = autograd.compile(step, fusion=fusion) if compiled else step
+        shards = 2 if fusion is True else None  # fusion on: the batch-sharded step, always
+        run = autograd.compile(step, fusion=fusion, shards=shards) if compiled else step
         losses = [float(run(*_batch(seed=s)).data) for s in range(steps)]
         runs.append((losses, model, run))
     return runs
@@ -176,8 +177,8 @@ def test_compiled_step_with_frozen_parameters_equals_eager(fusion):
         _assert_close(p.data, q.data, fusion, name)
     np.testing.assert_allclose(l_c, l_e, rtol=0 if fusion is False else 1e-12)
     plan = run.plan_for(*_batch())
-    if fusion is True:  # the trainable ones still update as one fused AdamW over a flat buffer
-        assert "AdamW fused" in plan.describe()
+    if fusion is True:  # sharded; the trainable ones update as one fused AdamW (flat buffer)
+        assert len(plan.shards) == 2 and "AdamW fused" in plan.describe()
     shards = getattr(plan, "shards", [plan])
     for shard in shards:
         for v in shard.leaves:
@@ -311,7 +312,9 @@ def test_compiled_lora_step_equals_eager(fusion):
     def prepare(model):
         nn.apply_lora(model, "c_attn,c_proj", rank=2, alpha=4.0)
 
-    (l_e, m_e, _), (l_c, m_c, _) = _compiled_vs_eager(fusion, prepare)
+    (l_e, m_e, _), (l_c, m_c, run) = _compiled_vs_eager(fusion, prepare)
+    if fusion is True:  # LoRA keeps the step row-separable: sharded over the batch
+        assert len(run.plan_for(*_batch()).shards) == 2
     for (name, p), q in zip(m_c.named_parameters(), m_e.parameters(), strict=True):
         _assert_close(p.data, q.data, fusion, name)
         assert (p.grad is not None) == p.requires_grad == ("lora_" in name), name
