@@ -15,7 +15,12 @@ except ImportError as exc:
     ) from exc
 from autograd.functional import apply_rotary, linear, rotary_tables  # the primitives layers use
 from nn import optim
-from nn.accumulate import accumulate_gradients, counted_targets, split_batch
+from nn.accumulate import (
+    accumulate_gradients,
+    accumulation_weights,
+    counted_targets,
+    split_batch,
+)
 from nn.attention import Block, CausalSelfAttention, LayerKVCache
 from nn.checkpoint import (
     CheckpointError,
@@ -60,6 +65,7 @@ from nn.transformer import (
 )
 
 __all__ = [
+    "accumulation_weights",
     "unmerge_lora",
     "unload_lora",
     "split_batch",

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from autograd import Tensor
+from autograd import Tensor, get_default_dtype
 
 
 def counted_targets(targets: Any, ignore_index: int = -100) -> int:
@@ -38,30 +38,55 @@ def split_batch(x: np.ndarray, y: np.ndarray, n: int) -> list[tuple[np.ndarray, 
     return [(x[i * size : (i + 1) * size], y[i * size : (i + 1) * size]) for i in range(n)]
 
 
+def accumulation_weights(
+    targets: Sequence[np.ndarray], ignore_index: int = -100, dtype: Any = None
+) -> np.ndarray:
+    """k_i / K for the micro-batches' targets (N,), in `dtype` (default: the default dtype).
+
+    Computed outside the step: a compiled step takes them as an argument, since a count read
+    from the targets inside it would be frozen into the trace."""
+    counts = np.array([counted_targets(y, ignore_index) for y in targets], dtype=np.float64)
+    total = counts.sum()
+    if total == 0:
+        raise ValueError(
+            f"accumulation_weights: no target in {len(counts)} micro-batches counts (all are "
+            f"ignore_index={ignore_index})"
+        )
+    return (counts / total).astype(get_default_dtype() if dtype is None else dtype)
+
+
 def accumulate_gradients(
     loss_of: Callable[[Any, np.ndarray], Tensor],
     micro_batches: Sequence[tuple[Any, np.ndarray]],
+    weights: np.ndarray | None = None,
     ignore_index: int = -100,
-) -> float:
-    """Forward and backward each (x, y) of `micro_batches`, adding its gradient into .grad with
-    weight k_i / K (see the module docstring); return the large batch's loss.
+) -> Tensor:
+    """Forward and backward each (x, y) of `micro_batches` with its loss weighted by k_i / K
+    (see the module docstring), so that .grad adds up to the large batch's gradient; return the
+    large batch's loss, sum_i (k_i / K) L_i.
 
     loss_of(x, y) is a micro-batch's mean loss over its counted targets (a GPT's model(x, y)[1]).
-    Call optimizer.zero_grad() before and optimizer.step() after, as for one batch. A micro-batch
-    without counted targets adds nothing and is not run.
+    Call optimizer.zero_grad() before and optimizer.step() after, as for one batch. weights:
+    accumulation_weights(...) of the targets (computed here when None); inside a compiled step
+    pass them, and every micro-batch, as the step's own arguments:
+
+        def step(weights, *arrays):        # x_1, y_1, x_2, y_2, ...
+            optimizer.zero_grad()
+            pairs = list(zip(arrays[::2], arrays[1::2]))
+            loss = nn.accumulate_gradients(loss_of, pairs, weights)
+            optimizer.step()
+            return loss
     """
-    counts = [counted_targets(y, ignore_index) for _, y in micro_batches]
-    total = sum(counts)
-    if total == 0:
+    if weights is None:
+        weights = accumulation_weights([y for _, y in micro_batches], ignore_index)
+    if len(weights) != len(micro_batches):
         raise ValueError(
-            f"accumulate_gradients: no target in {len(micro_batches)} micro-batches counts "
-            f"(all are ignore_index={ignore_index})"
+            f"accumulate_gradients: {len(weights)} weights for {len(micro_batches)} micro-batches"
         )
-    loss = 0.0
-    for (x, y), k in zip(micro_batches, counts, strict=True):
-        if k == 0:
-            continue
-        micro = loss_of(x, y)
-        (micro * (k / total)).backward()
-        loss += micro.item() * k / total
-    return loss
+    w = Tensor(weights, dtype=weights.dtype)
+    total = None
+    for i, (x, y) in enumerate(micro_batches):
+        weighted = loss_of(x, y) * w[i]
+        weighted.backward()  # adds (k_i / K) dL_i into every .grad
+        total = weighted if total is None else total + weighted
+    return total

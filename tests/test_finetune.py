@@ -341,7 +341,7 @@ def test_accumulation_equals_one_large_batch_with_unevenly_ignored_targets():
                 lambda a, b, model=model: model(a, b)[1], nn.split_batch(x, y, micro)
             )
             optimizer.step()
-        results.append((loss, [p.data.copy() for p in model.parameters()]))
+        results.append((loss.item(), [p.data.copy() for p in model.parameters()]))
     (loss_1, params_1), (loss_3, params_3) = results
     assert abs(loss_1 - loss_3) <= 1e-12 * abs(loss_1)
     for a, b in zip(params_1, params_3, strict=True):
@@ -363,6 +363,61 @@ def test_accumulation_weights_by_counted_targets_not_by_micro_batch():
     assert nn.counted_targets(y) == 9
     with pytest.raises(ValueError, match="no target in 1 micro-batches counts"):
         nn.accumulate_gradients(lambda a, b: None, [(x, np.full_like(y, IGNORE_INDEX))])
+
+
+def _accumulating_step(model, optimizer):
+    def step(weights, *arrays):  # x_1, y_1, x_2, y_2, ...: every micro-batch an argument
+        optimizer.zero_grad()
+        pairs = list(zip(arrays[::2], arrays[1::2], strict=True))
+        loss = nn.accumulate_gradients(lambda a, b: model(a, b)[1], pairs, weights)
+        optimizer.step()
+        return loss
+
+    return step
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_compiled_accumulation_equals_eager_and_reuses_the_activations(fusion):
+    runs = []
+    for compiled in (False, True):
+        model = _gpt()
+        optimizer = nn.optim.AdamW(model.parameters(), lr=1e-2)
+        step = _accumulating_step(model, optimizer)
+        if compiled:
+            step = autograd.compile(step, fusion=fusion)
+        losses = []
+        for seed in range(3):  # new data, new counts, new weights: the same plan replays
+            x, y = _batch(rows=4, seed=seed)
+            y = y.copy()
+            y[seed, : 2 + seed] = IGNORE_INDEX
+            pairs = nn.split_batch(x, y, 2)
+            weights = nn.accumulation_weights([b for _, b in pairs])
+            arrays = [a.copy() for pair in pairs for a in pair]  # arrays of their own
+            losses.append(float(step(weights, *arrays).data))
+        runs.append((losses, model, step))
+    (l_e, m_e, _), (l_c, m_c, run) = runs
+    np.testing.assert_allclose(l_c, l_e, rtol=0 if fusion is False else 1e-12)
+    for (name, p), q in zip(m_c.named_parameters(), m_e.parameters(), strict=True):
+        _assert_close(p.data, q.data, fusion, name)
+    assert len(run.plans) == 1
+    # the second micro-batch's forward reuses the first one's activation buffers: the arena is
+    # that of one micro-batch (2 rows) plus the second backward's gradient buffers (one per
+    # parameter, added into .grad) and a few scalars (the weighted losses and their sum), not
+    # two micro-batches' activations
+    fresh = _gpt()
+    single = autograd.compile(lambda x, y: _single_step(fresh, x, y), fusion=fusion, shards=1)
+    single(*_batch(rows=2))
+    accumulating, one = run.plans[next(iter(run.plans))], single.plans[next(iter(single.plans))]
+    gradients = sum(p.data.nbytes for p in fresh.parameters())
+    assert accumulating.arena.nbytes <= one.arena.nbytes + gradients + 256
+
+
+def _single_step(model, x, y):
+    _, loss = model(x, y)
+    loss.backward()
+    for p in model.parameters():
+        p.grad = None
+    return loss
 
 
 # --- the loss mask (notes 9.2) ---------------------------------------------------------------

@@ -69,7 +69,9 @@ class Recorder:
         self.program: list[tuple] = []  # ("op", node) | ("backward", ...) | ("call", ...) | ...
         self.used_args: set[int] = set()
         self.in_backward = False
-        self.backward_steps: list[Node] | None = None  # the nodes, in the order of their VJPs
+        # the nodes of the backward running now, in the order of their VJPs (a step may run
+        # several, one per micro-batch of gradient accumulation: the gradients add up)
+        self.backward_steps: list[Node] | None = None
 
     # --- values ----------------------------------------------------------------------------
     def value(self, t: Tensor) -> Value:
@@ -150,8 +152,6 @@ class Recorder:
                 "compile: autograd.grad (gradients returned, not accumulated into .grad) cannot "
                 "be compiled; call loss.backward() in the step"
             )
-        if self.backward_steps is not None:
-            raise TraceError("compile: a compiled step may run backward() once")
         if len(roots) != 1:
             raise TraceError("compile: backward of several outputs at once cannot be compiled")
         (root,), (seed,) = roots, seeds
