@@ -29,7 +29,7 @@ import autograd
 import autograd.functional as F
 from autograd import Tensor
 from autograd.viz import render, to_dot
-from autograd.viz.lesson import Formula, Row, Step, build_lesson, write_lesson
+from autograd.viz.lesson import Formula, Row, Step, Text, build_lesson, write_lesson
 
 VOCAB = ("A", "B", "C")
 INPUT_IDS = np.array([0, 1])  # the prefix "A B"
@@ -39,7 +39,138 @@ LR = 0.1
 EPS = 1e-5  # central-difference step of notes 11.7
 
 PARAMETER_NAMES = ("E", "W_Q", "W_K", "W_V", "W_O", "U")
-LESSON_TITLE = "Notes ch. 11, op by op: forward, backward, one update"
+LESSON_TITLE = Text(
+    "Notes ch. 11, op by op: forward, backward, one update",
+    "笔记第 11 章，逐个运算：前向、反向、一次更新",
+)
+
+# The notes' own words for the lesson's steps (ch. 11, quoted from the Chinese text; the numbers
+# on the page are the program's): (phase, the step's tensor or None, section, English, Chinese).
+NOTES_WORDS = [
+    (
+        "start",
+        None,
+        "11.1",
+        "To carry the numbers to the end, this chapter uses a small model: single-head causal "
+        "attention + output projection + residual + vocabulary output. It leaves out positional "
+        "encoding, normalisation and the FFN, so it is not a full GPT. The toy vocabulary has only "
+        "A, B, C; the training input prefix is A, B and the correct next token is C. Only the last "
+        "position has a loss. No biases, E and U not shared: 6 + 2 + 2 + 4 + 4 + 6 = 24 parameter "
+        "elements.",
+        "为了把数值算到底，本章使用单头因果注意力＋输出投影＋残差＋词表输出的小模型。它"
+        "省略位置编码、"
+        "归一化和 FFN，因而不是完整 GPT。玩具词表只有 A、B、C。训练样本的输入前缀是 A、B"
+        "，正确下一个 "
+        "Token 为 C。只对最后位置计损失。没有偏置，不共享 E 与 U。共有 6 + 2 + 2 + 4 + 4"
+        " + 6 = 24 个"
+        "参数元素。C 的嵌入行暂时未被输入查到。",
+    ),
+    (
+        "forward",
+        "S",
+        "11.2",
+        "Since sqrt(d_k) = 1, the dot-product scores and the masked result are S0 = [[0,"
+        " 0], [1, 0]] "
+        "and S = [[0, -inf], [1, 0]].",
+        "因为 √d_k = 1，点积分数与加掩码结果分别为：S0 = [[0, 0], [1, 0]]，S = [[0, -∞], [1, 0]]。",
+    ),
+    (
+        "forward",
+        "Z",
+        "11.2",
+        "The second position actually reads A's content and its own. This preference is only what "
+        "the given parameters produce; it does not yet represent any knowledge of language.",
+        "第 2 个位置实际读取了 A 的内容和自己的内容。这里的偏好只是指定参数产生的结果，尚未代表任何"
+        "语言知识。",
+    ),
+    (
+        "forward",
+        "h",
+        "11.3",
+        "From R = X + Z W_O, take the last row: h = (a, 1 + c) ≈ (0.731059, 1.268941).",
+        "由 R = X + Z W_O，取最后一行：h = (a, 1 + c) ≈ (0.731059, 1.268941)。",
+    ),
+    (
+        "forward",
+        "L",
+        "11.3",
+        "The most probable token is B, but the target is C, so L = -ln p_C ≈ 2.541928. The "
+        "prediction function is not skipped: the probabilities are computed from h, U and the "
+        "softmax, not given out of thin air.",
+        "概率最大的是 B，但目标是 C，因此 L = − ln p_C ≈ 2.541928。没有跳过“预测函数”："
+        "概率由 h、U、"
+        "Softmax 明确算出，而不是凭空给定。",
+    ),
+    (
+        "backward",
+        "L",
+        "11.4",
+        "First: dℓ = p - (0, 0, 1) ≈ (0.339660, 0.581626, -0.921286).",
+        "先求：ℓ̄ = p − (0, 0, 1) ≈ (0.339660, 0.581626, −0.921286)。",
+    ),
+    (
+        "backward",
+        "logits",
+        "11.4",
+        "Then: dh = dℓ Uᵀ ≈ (1.260945, 0.581626).",
+        "再求：h̄ = ℓ̄ Uᵀ ≈ (1.260945, 0.581626)。",
+    ),
+    (
+        "backward",
+        "h",
+        "11.4",
+        "Only the last position has a loss, so the first row of dR is zero and the second is dh.",
+        "只有最后位置计损失，故 R̄ 第一行为零，第二行为 h̄。",
+    ),
+    (
+        "backward",
+        "A",
+        "11.4",
+        "The first term of the second row's softmax score gradient is "
+        "dS21 = a (1.260945 - a 1.260945 - c 0.581626) ≈ 0.133562; the other is about -0.133562. "
+        "The first row has a single allowed position: its softmax is always 1, so the first row's "
+        "score gradient is zero.",
+        "第二行 Softmax 的分数梯度第 1 项是 S̄21 = a (1.260945 − a 1.260945 − c 0.581626"
+        ") ≈ 0.133562。"
+        "另一项约为 −0.133562。第一行只有一个允许位置，其 Softmax 恒为 1，不随唯一有限分"
+        "数变化，所以"
+        "第一行分数梯度为零。",
+    ),
+    (
+        "backward",
+        "S",
+        "11.4",
+        "This is the bridge the original Q&A lacked: the target's error first affects the "
+        "vocabulary scores, then h, then the mixing proportions, and only then says how the "
+        "matching scores should locally change.",
+        "这正是原问答中缺少的中间桥梁：目标错误先影响词表分数，再影响 h，再影响内容混合比例，最后才"
+        "给出匹配分数应怎样局部调整。",
+    ),
+    (
+        "grads",
+        None,
+        "11.5",
+        "Adding the residual, Q, K and V paths' gradients into the input gives dE. C never appears "
+        "as an input and no weights are shared, so C's input embedding row has zero gradient; but "
+        "U's column for C has a non-zero one: a token's input role and output role are distinct.",
+        "把残差、Q、K、V 路径梯度加到输入，得到 Ē。C 没有作为输入出现，且本例不共享权重，因此 C 的"
+        "输入嵌入行梯度为零；但 U 中 C 对应的输出列有非零梯度。这清楚地区分了“同一个 Token 的输入"
+        "角色与输出角色”。",
+    ),
+    (
+        "update",
+        None,
+        "11.6",
+        "Learning rate η = 0.1; every matrix is updated at once with the gradient computed at the "
+        "old parameters. W_Q's second element goes from 1 to about 0.986644, U's second row, "
+        "column C from 0 to about 0.116906. The target's probability rises but is still not the "
+        "largest; the attention on the first position even goes down.",
+        "学习率取 η = 0.1，对所有矩阵同时使用旧参数处算出的梯度。例如 W_Q 第二元素从 1 变成约 "
+        "0.986644，U 第二行 C 列从 0 变成约 0.116906。正确目标概率提高，但仍不是最大项；"
+        "一次更新不必"
+        "立刻预测正确。注意力给第一个位置的比例反而下降。",
+    ),
+]
 
 
 def initial_parameters() -> dict[str, np.ndarray]:
@@ -298,13 +429,18 @@ def write_lesson_page(path: str | Path) -> Path:
     page = build_lesson(before.L, title=LESSON_TITLE)  # runs backward: parameters get .grad
     page.steps[0].text.insert(
         0,
-        "The notes' ch. 11 model: vocabulary A, B, C; input 'A B'; target C at the last position "
-        "only. The forward steps are 11.2-11.3, the backward steps 11.4-11.5, the last step 11.6.",
+        Text(
+            "The notes' ch. 11 model: vocabulary A, B, C; input 'A B'; target C at the last "
+            "position only. The forward steps are 11.2-11.3, the backward steps 11.4-11.5, the "
+            "last step 11.6.",
+            "笔记第 11 章的模型：词表 A、B、C；输入“A B”；只在最后位置以 C 为目标。前向步骤对应 "
+            "11.2-11.3，反向步骤对应 11.4-11.5，最后一步对应 11.6。",
+        ),
     )
     p = before.probabilities()
     page.step_of(before.L, "forward").blocks.append(
         (
-            "The probabilities (11.3)",
+            Text("The probabilities (11.3)", "概率（11.3）"),
             [Row("p = softmax(logits)", fmt(p), f"p_C = {p[2]:.6f}, so L = -ln p_C")],
         )
     )
@@ -321,37 +457,56 @@ def write_lesson_page(path: str | Path) -> Path:
     page.steps.append(
         Step(
             "update",
-            f"One joint update (lr {LR}), then forward again",
-            badge="notes 11.6",
+            Text(
+                f"One joint update (lr {LR}), then forward again",
+                f"一次联合更新（学习率 {LR}），然后重新前向",
+            ),
+            badge=Text("notes 11.6", "笔记 11.6"),
             formulas=[
                 Formula(
-                    "update",
+                    Text("update", "更新"),
                     f"theta <- theta - {LR} * dL/dtheta",
                     rf"\theta_{{new}} = \theta_{{old}} - {LR}\, \nabla L(\theta_{{old}})",
                 )
             ],
             text=[
-                "All 24 parameter elements move at once, each with the gradient it got at the old "
-                "parameters; then the whole forward pass runs again."
+                Text(
+                    "All 24 parameter elements move at once, each with the gradient it got at "
+                    "the old parameters; then the whole forward pass runs again.",
+                    "全部 24 个参数元素同时移动，各自使用在旧参数处得到的梯度；然后整个前向传播"
+                    "重新运行。",
+                )
             ],
             blocks=[
                 (
-                    "Two of the new parameters",
+                    Text("Two of the new parameters", "两个新参数"),
                     [
                         Row("W_Q[2]", f"1 \u2192 {new['W_Q'][1, 0]:.6f}"),
                         Row("U[2,C]", f"0 \u2192 {new['U'][1, 2]:.6f}"),
                     ],
                 ),
-                ("The forward pass again", [Row("", "\n".join(lines))]),
+                (Text("The forward pass again", "再次前向"), [Row("", "\n".join(lines))]),
             ],
             marked=[page.node_of(t) for t in model.params.values()],
         )
     )
     page.steps[-1].text.append(
-        "The target's probability rose but C is still not the most likely token, and the "
-        "attention on the first position (a21) went down: learning changes content, matching, "
-        "input representations and output scores together."
+        Text(
+            "The target's probability rose but C is still not the most likely token, and the "
+            "attention on the first position (a21) went down: learning changes content, "
+            "matching, input representations and output scores together.",
+            "目标的概率提高了，但 C 仍不是最可能的 Token，注意力给第一个位置的比例（a21）反而"
+            "下降：学习同时改变内容、匹配、输入表示和输出打分。",
+        )
     )
+    tensors = {"S": before.S, "Z": before.Z, "h": before.h, "L": before.L}
+    tensors |= {"logits": before.logits, "A": before.A}
+    for phase, name, section, en, zh in NOTES_WORDS:
+        if name is None:
+            step = next(s for s in page.steps if s.phase == phase)
+        else:
+            step = page.step_of(tensors[name], phase)
+        step.quotes.append((section, Text(en, zh)))
     return write_lesson(page, path)
 
 

@@ -233,3 +233,15 @@ def test_layout_keeps_boxes_of_a_layer_apart():
                 assert abs(a.x - b.x) >= (a.width + b.width) / 2 + 1, (a.title, b.title)
     for src, dst, _ in lesson.edges:
         assert lesson.nodes[src].layer < lesson.nodes[dst].layer
+
+
+def test_every_sentence_is_written_in_both_languages_and_the_notes_are_quoted(page):
+    assert page.count('data-lang="en"') == page.count('data-lang="zh"') > 200
+    texts = sections(page)
+    start = texts[0]
+    assert "The notes, 11.1" in start and "笔记原文，11.1" in start
+    assert "玩具词表只有 A、B、C" in start  # the notes' own words, 11.1
+    softmax_back = step_titled(texts, "Backward 8 of 15: Softmax \u2192 A")
+    assert "反向 8/15：Softmax \u2192 A" in softmax_back
+    assert "第一行只有一个允许位置，其 Softmax 恒为 1" in softmax_back  # 11.4
+    assert "例如 W_Q 第二元素从 1 变成约" in texts[-1]  # 11.6

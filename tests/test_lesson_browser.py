@@ -195,3 +195,71 @@ def test_a_page_from_to_html_works_in_the_browser(browser, tmp_path):
     press(driver, Keys.END)
     assert state(driver)[2].startswith("The leaves' gradients")
     assert console_errors(driver) == []
+
+
+# --- the language switch: the notes' Chinese wording beside the English ------------------------
+
+
+def visible(driver, selector):
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])]"
+        ".filter((e) => e.offsetParent !== null).map((e) => e.innerText);",
+        selector,
+    )
+
+
+def test_the_switch_shows_each_step_in_chinese_and_back(browser):
+    driver = open_page(browser, step=0)
+    assert driver.execute_script("return document.documentElement.dataset.ui") == "en"
+    driver.find_element("id", "lang-zh").click()
+    shown, _, text, where = state(driver)
+    assert shown == [0] and where == "#step=0&lang=zh"
+    assert driver.find_element("id", "counter").text == "第 0 步，共 32 步 \u00b7 开始"
+    assert text.startswith("计算图：15 个运算，8 个叶子")
+    assert "笔记原文，11.1" in text and "为了把数值算到底" in text
+    assert "The graph:" not in text and "To carry the numbers" not in text
+    assert driver.title == "笔记第 11 章，逐个运算：前向、反向、一次更新"
+    assert driver.find_element("id", "next").text == "下一步 \u2192"
+    driver.find_element("id", "lang-en").click()
+    shown, _, text, where = state(driver)
+    assert where == "#step=0" and text.startswith("The graph: 15 ops, 8 leaves")
+    assert "The notes, 11.1" in text and "为了" not in text
+    assert console_errors(driver) == []
+
+
+def test_lang_in_the_address_opens_that_language(browser):
+    driver = browser
+    driver.get("about:blank")
+    driver.get(LESSON.as_uri() + "#step=19&lang=zh")
+    shown, _, text, _ = state(driver)
+    assert shown == [19] and text.startswith("反向 4/15：Add \u2192 R")
+    press(driver, Keys.ARROW_RIGHT)  # the language stays while stepping
+    assert state(driver)[3] == "#step=20&lang=zh"
+
+
+def test_both_languages_show_the_same_numbers_and_formulas_on_every_step(browser):
+    """Numbers and formulas are shared: the <pre> values and formulas of each step are the same
+    in both languages; every step has its heading in each language and the notes' numbers appear
+    in Chinese too; the notes' own words are on the 12 steps that quote them."""
+    driver = open_page(browser, step=0)
+    seen = {"en": [], "zh": []}
+    quoted = 0
+    for lang in ("en", "zh"):
+        driver.find_element("id", f"lang-{lang}").click()
+        press(driver, Keys.HOME)
+        for i in range(33):
+            section = f"#step-{i}"
+            values = visible(driver, f"{section} pre") + visible(driver, f"{section} .formula code")
+            heading = visible(driver, f"{section} h2")[0]
+            seen[lang].append((values, state(driver)[2]))
+            has_cjk = any("\u4e00" <= ch <= "\u9fff" for ch in heading)
+            assert has_cjk == (lang == "zh"), (lang, i, heading)
+            if lang == "zh":
+                quoted += len(visible(driver, f"{section} blockquote.notes"))
+            press(driver, Keys.ARROW_RIGHT)
+    assert [v for v, _ in seen["en"]] == [v for v, _ in seen["zh"]]
+    everything = "\n".join(text for _, text in seen["zh"])
+    missing = [name for name, number in NOTES_NUMBERS.items() if number not in everything]
+    assert missing == [] and quoted == 12
+    assert "这正是原问答中缺少的中间桥梁" in everything
+    assert console_errors(driver) == []

@@ -7,9 +7,12 @@ section included), its inputs and output, the gradient arriving and the gradient
 sum `g = g1 + g2` where a tensor is used twice (notes 10.2). `write_lesson(lesson, path)` makes of
 it one self-contained HTML file: inline SVG, CSS and JS (`lesson_page/` beside this file), no URL.
 
-A caller may add steps or rows before writing; `models.worked_example --html` adds the notes'
-update (11.6). The output is deterministic (same graph, same bytes), so a generated page can be
-committed and checked against the generator.
+The page speaks English and Chinese: every sentence the lesson writes is a `Text` (en, zh) and
+a switch in the page shows one language (`#lang=zh` in the address opens it in Chinese; the
+default follows the browser's language); numbers, labels and formulas are shared. A caller may add
+steps, rows and quotes of the notes before writing; `models.worked_example --html` adds the
+notes' own ch. 11 wording to each step and the update (11.6). The output is deterministic (same
+graph, same bytes), so a generated page can be committed and checked against the generator.
 """
 
 from __future__ import annotations
@@ -42,20 +45,31 @@ MARGIN = 12
 # --- what a step shows ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Text:
+    """A sentence in English and in Chinese; the page's language switch shows one of them."""
+
+    en: str
+    zh: str
+
+
+Words = str | Text  # a plain str is shown in both languages (numbers, names, code)
+
+
 @dataclass
 class Row:
     """One line of the side panel: a label, a value (numbers, kept as printed) and a note."""
 
     label: str
     value: str = ""
-    note: str = ""
+    note: Words = ""
 
 
 @dataclass
 class Formula:
     """A formula as the code's comment writes it, and its LaTeX (what a click copies)."""
 
-    kind: str  # "forward", "VJP", "sum", ...
+    kind: Words  # "forward", "VJP", "sum", ...
     text: str
     latex: str
 
@@ -63,14 +77,15 @@ class Formula:
 @dataclass
 class Step:
     phase: str  # "start", "forward", "backward", "grads", or a caller's own (e.g. "update")
-    title: str
-    badge: str = ""  # e.g. the notes' sections of the op's formula
+    title: Words
+    badge: Words = ""  # e.g. the notes' sections of the op's formula
     node: str | None = None  # the graph node to highlight (its id), if any
     edges: list[int] = field(default_factory=list)  # indices of the edges to highlight
     marked: list[str] = field(default_factory=list)  # nodes to outline, e.g. leaves given a grad
     formulas: list[Formula] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)  # short paragraphs
-    blocks: list[tuple[str, list[Row]]] = field(default_factory=list)  # (heading, rows)
+    text: list[Words] = field(default_factory=list)  # short paragraphs
+    blocks: list[tuple[Words, list[Row]]] = field(default_factory=list)  # (heading, rows)
+    quotes: list[tuple[str, Text]] = field(default_factory=list)  # (section, the notes' words)
 
 
 @dataclass
@@ -86,7 +101,7 @@ class Node:
 
 @dataclass
 class Lesson:
-    title: str
+    title: Words
     nodes: list[Node]
     edges: list[tuple[int, int, int]]  # (source node, target node, input slot)
     steps: list[Step]
@@ -426,14 +441,16 @@ def _out_edges(lesson: Lesson, t: Tensor) -> list[int]:
 def _formulas(doc: _OpDoc | None) -> list[Formula]:
     if doc is None:
         return []
-    found = [Formula("forward", doc.forward, latex(doc.forward))]
+    found = [Formula(Text("forward", "前向"), doc.forward, latex(doc.forward))]
     if doc.vjp:
         found.append(Formula("VJP", doc.vjp, latex(doc.vjp)))
     return found
 
 
-def _badge(doc: _OpDoc | None) -> str:
-    return f"notes {', '.join(doc.sections)}" if doc and doc.sections else ""
+def _badge(doc: _OpDoc | None) -> Words:
+    if not doc or not doc.sections:
+        return ""
+    return Text(f"notes {', '.join(doc.sections)}", f"笔记 {'、'.join(doc.sections)}")
 
 
 def _inputs(fn: Function, names: dict[int, str]) -> list[Row]:
@@ -444,10 +461,13 @@ def _inputs(fn: Function, names: dict[int, str]) -> list[Row]:
     ]
 
 
-def _here(fn: Function, names: dict[int, str], gradient: bool) -> str:
+def _here(fn: Function, names: dict[int, str], gradient: bool) -> Text:
     args = _argument_names(fn, len(fn.inputs))
-    here = ", ".join(f"{a} = {_label(t, names)}" for a, t in zip(args, fn.inputs, strict=True))
-    return f"Here {here}" + ("; g is the gradient arriving." if gradient else ".")
+    pairs = [f"{a} = {_label(t, names)}" for a, t in zip(args, fn.inputs, strict=True)]
+    return Text(
+        f"Here {', '.join(pairs)}" + ("; g is the gradient arriving." if gradient else "."),
+        f"这里 {'，'.join(pairs)}" + ("；g 是到达的梯度。" if gradient else "。"),
+    )
 
 
 def _start_step(order: list[Tensor], names: dict[int, str]) -> Step:
@@ -457,21 +477,32 @@ def _start_step(order: list[Tensor], names: dict[int, str]) -> Step:
         Row(
             f"{_label(t, names)} {_shape(t)} {t.dtype}",
             fmt(t.data),
-            "" if t.requires_grad else "constant: receives no gradient",
+            "" if t.requires_grad else Text("constant: receives no gradient", "常量：不接收梯度"),
         )
         for t in leaves
     ]
     return Step(
         "start",
-        f"The graph: {ops} ops, {len(leaves)} leaves",
+        Text(
+            f"The graph: {ops} ops, {len(leaves)} leaves",
+            f"计算图：{ops} 个运算，{len(leaves)} 个叶子",
+        ),
         text=[
-            "The forward pass recorded one box per op (blue); the leaves are the parameters and "
-            "inputs that require grad (filled) and constants (dashed). Data flows down.",
-            "Next (or the right arrow key) runs the forward pass one op at a time, then the "
-            "backward pass from the output back up to the leaves. Click a formula to copy its "
-            "LaTeX; #step=N in the address opens step N.",
+            Text(
+                "The forward pass recorded one box per op (blue); the leaves are the parameters "
+                "and inputs that require grad (filled) and constants (dashed). Data flows down.",
+                "前向传播为每个运算记录了一个方框（蓝色）；叶子是需要梯度的参数和输入（实心）以及"
+                "常量（虚线）。数据自上而下流动。",
+            ),
+            Text(
+                "Next (or the right arrow key) runs the forward pass one op at a time, then the "
+                "backward pass from the output back up to the leaves. Click a formula to copy its "
+                "LaTeX; #step=N in the address opens step N.",
+                "“下一步”（或右方向键）逐个运算执行前向传播，然后从输出向上反向传播到叶子。点击"
+                "公式复制它的 LaTeX；地址中的 #step=N 打开第 N 步。",
+            ),
         ],
-        blocks=[("Leaves", rows)],
+        blocks=[(Text("Leaves", "叶子"), rows)],
     )
 
 
@@ -481,19 +512,31 @@ def _forward_step(
     fn = t.op
     step = Step(
         "forward",
-        f"Forward {k} of {total}: {fn.name} \u2192 {_label(t, names)}",
+        Text(
+            f"Forward {k} of {total}: {fn.name} \u2192 {_label(t, names)}",
+            f"前向 {k}/{total}：{fn.name} \u2192 {_label(t, names)}",
+        ),
         badge=_badge(doc),
         node=lesson.node_of(t),
         edges=_in_edges(lesson, t),
         formulas=_formulas(doc),
         text=[_here(fn, names, gradient=False)] + (doc.notes if doc else []),
         blocks=[
-            ("Inputs", _inputs(fn, names)),
-            ("Output", [Row(f"{_label(t, names)} {_shape(t)} {t.dtype}", fmt(t.data))]),
+            (Text("Inputs", "输入"), _inputs(fn, names)),
+            (
+                Text("Output", "输出"),
+                [Row(f"{_label(t, names)} {_shape(t)} {t.dtype}", fmt(t.data))],
+            ),
         ],
     )
     if doc is None:
-        step.text.insert(0, f"{fn.name} has no formula comment in its code.")
+        step.text.insert(
+            0,
+            Text(
+                f"{fn.name} has no formula comment in its code.",
+                f"{fn.name} 的代码里没有公式注释。",
+            ),
+        )
     return step
 
 
@@ -525,34 +568,54 @@ def _backward_steps(
         name = _label(t, names)
         step = Step(
             "backward",
-            f"Backward {k} of {len(ops)}: {fn.name} \u2192 {name}",
+            Text(
+                f"Backward {k} of {len(ops)}: {fn.name} \u2192 {name}",
+                f"反向 {k}/{len(ops)}：{fn.name} \u2192 {name}",
+            ),
             badge=_badge(doc),
             node=lesson.node_of(t),
             # the edges the gradients leave by, and those several contributions arrived by
             edges=_in_edges(lesson, t) + (_out_edges(lesson, t) if len(terms) > 1 else []),
             formulas=_sum_formula(terms) + _formulas(doc),
             text=[_here(fn, names, gradient=True)],
-            blocks=[(f"Gradient arriving: g = {_d(name)} {_shape(t)}", _terms(terms, g))],
+            blocks=[
+                (
+                    Text(
+                        f"Gradient arriving: g = {_d(name)} {_shape(t)}",
+                        f"到达的梯度：g = {_d(name)} {_shape(t)}",
+                    ),
+                    _terms(terms, g),
+                )
+            ],
         )
         leaving = []
         args = _argument_names(fn, len(fn.inputs))
         for a, p, pg in zip(args, fn.inputs, input_grads, strict=True):
             label = f"d{a} = {_d(_label(p, names))} {_shape(p)}"
             if pg is None or not p.requires_grad:
-                leaving.append(Row(label, "", "a constant: no gradient"))
+                leaving.append(Row(label, "", Text("a constant: no gradient", "常量：没有梯度")))
                 continue
             arrived.setdefault(id(p), []).append((f"{fn.name} \u2192 {name}", pg))
-            to = "a leaf: added to its .grad"
+            to = Text("a leaf: added to its .grad", "叶子：加到它的 .grad 上")
             if p.op is None:
                 step.marked.append(lesson.node_of(p))
             else:
-                to = f"on to {p.op.name} \u2192 {_label(p, names)}"
+                where = f"{p.op.name} \u2192 {_label(p, names)}"
+                to = Text(f"on to {where}", f"继续传给 {where}")
             uses = len(arrived[id(p)])
             if uses > 1:
-                to += f" (contribution {uses}: it is used more than once)"
+                to = Text(
+                    to.en + f" (contribution {uses}: it is used more than once)",
+                    to.zh + f"（第 {uses} 份贡献：它被使用了不止一次）",
+                )
             leaving.append(Row(label, fmt(pg), to))
-        step.blocks.append(("Gradients leaving", leaving))
-        step.blocks.append(("Inputs (saved by the forward pass)", _inputs(fn, names)))
+        step.blocks.append((Text("Gradients leaving", "离开的梯度"), leaving))
+        step.blocks.append(
+            (
+                Text("Inputs (saved by the forward pass)", "输入（前向传播保存的）"),
+                _inputs(fn, names),
+            )
+        )
         steps.append(step)
     steps.append(_grads_step(lesson, order, arrived, names, priors))
     return steps
@@ -566,11 +629,17 @@ def _total(terms: list[tuple[str, np.ndarray]]) -> np.ndarray:
 
 
 def _terms(terms: list[tuple[str, np.ndarray]], g: np.ndarray) -> list[Row]:
+    def source(src: str) -> Text:
+        return Text(f"from {src}", f"来自 {src}")
+
     if len(terms) == 1:
-        return [Row("g", fmt(g), f"from {terms[0][0]}")]
-    rows = [Row(f"g{i}", fmt(term), f"from {src}") for i, (src, term) in enumerate(terms, 1)]
+        return [Row("g", fmt(g), source(terms[0][0]))]
+    rows = [Row(f"g{i}", fmt(term), source(src)) for i, (src, term) in enumerate(terms, 1)]
     plus = " + ".join(f"g{i}" for i in range(1, len(terms) + 1))
-    rows.append(Row(f"g = {plus}", fmt(g), "used by several ops: the contributions add (10.2)"))
+    several = Text(
+        "used by several ops: the contributions add (10.2)", "被多个运算使用：贡献相加（10.2）"
+    )
+    rows.append(Row(f"g = {plus}", fmt(g), several))
     return rows
 
 
@@ -579,7 +648,7 @@ def _sum_formula(terms: list[tuple[str, np.ndarray]]) -> list[Formula]:
         return []
     n = range(1, len(terms) + 1)
     text = "g = " + " + ".join(f"g{i}" for i in n)
-    return [Formula("sum", text, "g = " + " + ".join(f"g_{{{i}}}" for i in n))]
+    return [Formula(Text("sum", "求和"), text, "g = " + " + ".join(f"g_{{{i}}}" for i in n))]
 
 
 def _grads_step(
@@ -600,14 +669,18 @@ def _grads_step(
         if len(terms) > 1:  # each contribution, then their sum
             rows += _terms(terms, g)[:-1]
             label += " = " + " + ".join(f"g{i}" for i in range(1, len(terms) + 1))
-        note = "" if priors.get(id(t)) is None else "added to the .grad it already had"
-        rows.append(Row(label, fmt(g), note))
+        had = Text("added to the .grad it already had", "加到它原有的 .grad 上")
+        rows.append(Row(label, fmt(g), "" if priors.get(id(t)) is None else had))
     return Step(
         "grads",
-        "The leaves' gradients",
+        Text("The leaves' gradients", "叶子的梯度"),
         text=[
-            "Every parameter now holds dL/d(parameter) in .grad, the same shape as the "
-            "parameter: what an optimiser step uses."
+            Text(
+                "Every parameter now holds dL/d(parameter) in .grad, the same shape as the "
+                "parameter: what an optimiser step uses.",
+                "每个参数的 .grad 里现在是 dL/d(参数)，形状与参数相同："
+                "优化器的一步更新用的就是它。",
+            )
         ],
         blocks=[("dL/d(leaf)", rows)],
         marked=marked,
@@ -620,8 +693,12 @@ def _grads_step(
 def write_lesson(lesson: Lesson, path: str | Path) -> Path:
     """Write the lesson as one HTML file (UTF-8, `\\n` line ends, no URL of any kind)."""
     path = Path(path)
+    title = lesson.title if isinstance(lesson.title, Text) else Text(lesson.title, lesson.title)
     page = Template((PAGE_DIR / "page.html").read_text(encoding="utf-8")).substitute(
-        title=html.escape(lesson.title),
+        title=html.escape(title.en),
+        title_en=html.escape(title.en, quote=True),
+        title_zh=html.escape(title.zh, quote=True),
+        heading=_words(title),
         css=(PAGE_DIR / "lesson.css").read_text(encoding="utf-8").strip(),
         js=(PAGE_DIR / "lesson.js").read_text(encoding="utf-8").strip(),
         svg=_svg(lesson),
@@ -693,27 +770,43 @@ def _svg(lesson: Lesson) -> str:
     return "\n".join(parts)
 
 
+def _words(words: Words) -> str:
+    """HTML of a sentence: one span per language (the switch hides one), or the shared text."""
+    if isinstance(words, Text):
+        return (
+            f'<span lang="en" data-lang="en">{html.escape(words.en)}</span>'
+            f'<span lang="zh" data-lang="zh">{html.escape(words.zh)}</span>'
+        )
+    return html.escape(words)
+
+
 def _step_html(i: int, step: Step) -> str:
     e = html.escape
-    badge = f' <span class="badge">{e(step.badge)}</span>' if step.badge else ""
+    badge = f' <span class="badge">{_words(step.badge)}</span>' if step.badge else ""
     parts = [
         f'<section class="step {step.phase}" id="step-{i}" data-step="{i}" '
         f'data-phase="{e(step.phase)}" data-node="{step.node or ""}" '
         f'data-edges="{" ".join(str(k) for k in step.edges)}" '
         f'data-marked="{" ".join(step.marked)}" hidden>',
-        f"<h2>{e(step.title)}{badge}</h2>",
+        f"<h2>{_words(step.title)}{badge}</h2>",
     ]
     for f in step.formulas:
         parts.append(
             f'<p class="formula" data-latex="{e(f.latex)}" title="click to copy the LaTeX">'
-            f'<span class="tag">{e(f.kind)}</span><code>{e(f.text)}</code></p>'
+            f'<span class="tag">{_words(f.kind)}</span><code>{e(f.text)}</code></p>'
         )
-    parts += [f"<p>{e(t)}</p>" for t in step.text]
+    parts += [f"<p>{_words(t)}</p>" for t in step.text]
+    for section, words in step.quotes:
+        parts.append(
+            f'<blockquote class="notes"><div class="source">'
+            f"{_words(Text(f'The notes, {section}', f'笔记原文，{section}'))}</div>"
+            f"{_words(words)}</blockquote>"
+        )
     for heading, rows in step.blocks:
-        parts.append(f"<h3>{e(heading)}</h3>")
+        parts.append(f"<h3>{_words(heading)}</h3>")
         for row in rows:
             value = f"<pre>{e(row.value)}</pre>" if row.value else ""
-            note = f'<div class="note">{e(row.note)}</div>' if row.note else ""
+            note = f'<div class="note">{_words(row.note)}</div>' if row.note else ""
             parts.append(
                 f'<div class="row"><div class="label">{e(row.label)}</div>{value}{note}</div>'
             )

@@ -1,5 +1,7 @@
 // The steps are <section class="step"> elements written by autograd/lesson.py. This script shows
 // one at a time and keeps the graph's highlight, the counter and #step=N in the address in step.
+// Every sentence is written in English and Chinese (data-lang); the switch sets <html data-ui>,
+// and #lang=zh (or en) in the address keeps a language that is not the browser's.
 (function () {
   "use strict";
   const steps = Array.from(document.querySelectorAll("section.step"));
@@ -9,7 +11,29 @@
   const next = document.getElementById("next");
   const counter = document.getElementById("counter");
   const status = document.getElementById("status");
+  const root = document.documentElement;
+  const browserLang = /^zh/i.test(navigator.language || "") ? "zh" : "en";
+  const PHASES = { start: "开始", forward: "前向", backward: "反向", grads: "梯度", update: "更新" };
+  const WORDS = {
+    en: { copied: "LaTeX copied: ", copy: "Copy this LaTeX: " },
+    zh: { copied: "已复制 LaTeX：", copy: "请复制这段 LaTeX：" },
+  };
   let current = 0;
+  let lang = "en";
+
+  function setLang(to) {
+    lang = to === "zh" ? "zh" : "en";
+    root.dataset.ui = lang;
+    root.lang = lang;
+    document.title = root.dataset[lang === "zh" ? "titleZh" : "titleEn"];
+    for (const b of document.querySelectorAll("[data-set-lang]")) {
+      b.setAttribute("aria-pressed", String(b.dataset.setLang === lang));
+    }
+  }
+
+  function hashFor(n) {
+    return "#step=" + n + (lang === browserLang ? "" : "&lang=" + lang);
+  }
 
   function show(n) {
     current = Math.max(0, Math.min(steps.length - 1, n));
@@ -38,16 +62,21 @@
       edge.classList.toggle("active", active.has(edge.id));
       edge.classList.toggle("grad", phase === "backward");
     }
-    counter.textContent = "step " + current + " of " + (steps.length - 1) + " \u00b7 " + phase;
+    const last = steps.length - 1;
+    counter.textContent = lang === "zh"
+      ? "第 " + current + " 步，共 " + last + " 步 \u00b7 " + (PHASES[phase] || phase)
+      : "step " + current + " of " + last + " \u00b7 " + phase;
     prev.disabled = current === 0;
     next.disabled = current === steps.length - 1;
-    if (location.hash !== "#step=" + current) history.replaceState(null, "", "#step=" + current);
+    if (location.hash !== hashFor(current)) history.replaceState(null, "", hashFor(current));
     const highlighted = document.getElementById(step.dataset.node);
     if (highlighted) highlighted.scrollIntoView({ block: "nearest", inline: "nearest" });
   }
 
   function fromHash() {
     const match = /step=(\d+)/.exec(location.hash);
+    const language = /lang=(en|zh)/.exec(location.hash);
+    setLang(language ? language[1] : browserLang);
     return match ? Number(match[1]) : 0;
   }
 
@@ -67,10 +96,10 @@
       area.select();
       const ok = document.execCommand("copy");
       area.remove();
-      say((ok ? "LaTeX copied: " : "Copy this LaTeX: ") + text);
+      say((ok ? WORDS[lang].copied : WORDS[lang].copy) + text);
     };
     if (navigator.clipboard && window.isSecureContext) {
-      navigator.clipboard.writeText(text).then(() => say("LaTeX copied: " + text), fallback);
+      navigator.clipboard.writeText(text).then(() => say(WORDS[lang].copied + text), fallback);
     } else {
       fallback();
     }
@@ -87,6 +116,11 @@
     }
   });
   document.addEventListener("click", (event) => {
+    const switcher = event.target.closest("[data-set-lang]");
+    if (switcher) {
+      setLang(switcher.dataset.setLang);
+      return show(current);
+    }
     const formula = event.target.closest(".formula");
     if (formula) copy(formula.dataset.latex);
     // A box opens its op's step in the pass being shown (the forward one from the start).
