@@ -10,11 +10,19 @@ assistant's positions after it; it just never is a target itself. Padding is nei
 
 Next-token targets: position t predicts token t + 1, so its target is tokens[t + 1] when token
 t + 1 is the assistant's, and IGNORE_INDEX otherwise.
+
+Which tokens are the assistant's comes from the chat template itself, rendered on prefixes of
+the conversation: the text of messages[:i] with the generation prompt (the assistant's header)
+ends where the assistant's turn i begins, and the text of messages[:i + 1] ends after it (its
+end-of-turn marker included, so the model learns to stop).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,3 +78,88 @@ def pad_batch(
         x[row, :n] = inputs[:n]
         y[row, :n] = targets[:n]
     return x, y
+
+
+Render = Callable[[list[dict[str, Any]], bool], str]  # (messages, add_generation_prompt) -> text
+Encode = Callable[[str], Sequence[int]]
+
+
+def conversation_segments(messages: list[dict[str, Any]], render: Render) -> list[tuple[str, bool]]:
+    """The rendered conversation as (text, is the assistant's) pieces, in order.
+
+    render(messages, add_generation_prompt) is the model's chat template. Each assistant turn's
+    text is render(messages[:i + 1]) minus render(messages[:i], add_generation_prompt=True); a
+    template whose renders are not prefixes of one another cannot be split this way (an error).
+    """
+    if not any(m.get("role") == "assistant" for m in messages):
+        raise ValueError("conversation_segments: the conversation has no assistant message")
+    segments: list[tuple[str, bool]] = []
+    done = ""
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        prompt, turn = render(messages[:i], True), render(messages[: i + 1], False)
+        if not (prompt.startswith(done) and turn.startswith(prompt)):
+            raise ValueError(
+                f"conversation_segments: the chat template's text for the first {i} messages "
+                "is not a prefix of its text for more of them, so the assistant's tokens cannot "
+                "be located"
+            )
+        segments += [(prompt[len(done) :], False), (turn[len(prompt) :], True)]
+        done = turn
+    rest = render(messages, False)[len(done) :]  # anything after the last assistant turn
+    return [(text, trained) for text, trained in [*segments, (rest, False)] if text]
+
+
+def encode_conversation(
+    messages: list[dict[str, Any]], render: Render, encode: Encode
+) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, trained mask) of one conversation: each piece of conversation_segments encoded
+    on its own. Checked against encoding the whole text at once, so that a merge across a piece
+    boundary (possible with BPE where no special token separates them) is an error, not a
+    silently different sequence."""
+    segments = conversation_segments(messages, render)
+    tokens, trained = tokens_and_mask([(encode(text), flag) for text, flag in segments])
+    whole = np.asarray(encode("".join(text for text, _ in segments)), dtype=np.int64)
+    if not np.array_equal(whole, tokens):
+        raise ValueError(
+            "encode_conversation: the pieces of the rendered conversation encode differently "
+            "from the whole text (a token spans a turn boundary); the template should separate "
+            "turns with special tokens"
+        )
+    return tokens, trained
+
+
+def read_conversations(path: str | os.PathLike) -> list[list[dict[str, str]]]:
+    """One conversation per line: {"messages": [{"role": ..., "content": ...}, ...]}."""
+    conversations = []
+    for number, line in enumerate(Path(path).read_text("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not valid JSON ({exc})") from None
+        messages = record.get("messages") if isinstance(record, dict) else None
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in messages
+        ):
+            raise ValueError(
+                f'{path}:{number}: expected {{"messages": [{{"role": str, "content": str}}, ...]}}'
+            )
+        if not any(m["role"] == "assistant" for m in messages):
+            raise ValueError(f"{path}:{number}: the conversation has no assistant message")
+        conversations.append(messages)
+    if not conversations:
+        raise ValueError(f"{path}: no conversations")
+    return conversations
+
+
+def sft_examples(
+    conversations: Sequence[list[dict[str, Any]]], render: Render, encode: Encode
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(inputs, targets) of each conversation, targets only at the assistant's tokens."""
+    return [loss_mask_targets(*encode_conversation(m, render, encode)) for m in conversations]

@@ -9,6 +9,8 @@ a user token shapes the assistant's loss through attention but is never a target
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -17,7 +19,14 @@ import nn
 from autograd import Tensor, hooks
 from autograd.gradcheck import gradcheck
 from models.gpt import GPT, IGNORE_INDEX, GPTConfig
-from models.sft import loss_mask_targets, pad_batch, tokens_and_mask
+from models.sft import (
+    conversation_segments,
+    encode_conversation,
+    loss_mask_targets,
+    pad_batch,
+    read_conversations,
+    tokens_and_mask,
+)
 from nn import checkpoint
 
 V, T = 17, 8
@@ -460,3 +469,49 @@ def test_a_user_token_changes_the_assistant_loss_but_is_never_a_target():
     l0, l1 = model(x0, y0)[0].data[0], model(x1, y1)[0].data[0]  # logits of every position
     np.testing.assert_array_equal(l0[:2], l1[:2])
     assert not np.allclose(l0[4:7], l1[4:7])
+
+
+def _chatml(messages, add_generation_prompt):
+    """ChatML, as SmolLM2's template writes it: <|im_start|>role\ncontent<|im_end|>\n."""
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "3+3?"},
+    {"role": "assistant", "content": "6"},
+]
+
+
+def test_the_template_locates_every_assistant_turn_and_its_end_marker():
+    segments = conversation_segments(CONVERSATION, _chatml)
+    assert [text for text, trained in segments if trained] == ["4<|im_end|>\n", "6<|im_end|>\n"]
+    assert "".join(text for text, _ in segments) == _chatml(CONVERSATION, False)
+    assert segments[0] == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+        False,
+    )
+    encode = lambda text: [ord(c) for c in text]  # noqa: E731  (one token per character)
+    tokens, trained = encode_conversation(CONVERSATION, _chatml, encode)
+    assert "".join(chr(t) for t in tokens[trained]) == "4<|im_end|>\n6<|im_end|>\n"
+
+
+def test_conversation_errors_are_clear(tmp_path):
+    merging = lambda text: [ord(c) for c in text.replace("\n4", "\x00")]  # noqa: E731
+    with pytest.raises(ValueError, match="encode differently from the whole text"):
+        encode_conversation(CONVERSATION, _chatml, merging)
+    with pytest.raises(ValueError, match="no assistant message"):
+        conversation_segments(CONVERSATION[:2], _chatml)
+    path = tmp_path / "chat.jsonl"
+    path.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n', "utf-8")
+    with pytest.raises(ValueError, match="chat.jsonl:1: the conversation has no assistant"):
+        read_conversations(path)
+    path.write_text('{"messages": [{"role": "user"}]}\n', "utf-8")
+    with pytest.raises(ValueError, match=r"chat.jsonl:1: expected"):
+        read_conversations(path)
+    path.write_text(json.dumps({"messages": CONVERSATION}) + "\n\n", "utf-8")
+    assert read_conversations(path) == [CONVERSATION]
