@@ -18,6 +18,7 @@ import autograd
 import nn
 from autograd import Tensor, hooks
 from autograd.gradcheck import gradcheck
+from models import chat_data
 from models.gpt import GPT, IGNORE_INDEX, GPTConfig
 from models.sft import (
     conversation_segments,
@@ -515,3 +516,17 @@ def test_conversation_errors_are_clear(tmp_path):
         read_conversations(path)
     path.write_text(json.dumps({"messages": CONVERSATION}) + "\n\n", "utf-8")
     assert read_conversations(path) == [CONVERSATION]
+
+
+def test_the_signature_conversations_come_from_the_stdlib_and_hold_functions_out(tmp_path):
+    pairs = dict(chat_data.signatures())
+    assert len(pairs) > 300
+    assert pairs["bisect.insort_right"] == "insort_right(a, x, lo=0, hi=None, *, key=None)"
+    assert pairs["argparse.ArgumentParser.error"] == "error(message)"  # self dropped
+    train, held = chat_data.signature_conversations(held_out=0.1, seed=0)
+    asked = lambda c: c[1]["content"]  # noqa: E731
+    assert not {asked(c) for c in train} & {asked(c) for c in held}
+    assert len(held) == round(0.1 * len(pairs))
+    assert chat_data.signature_conversations(held_out=0.1, seed=0)[1] == held
+    chat_data.write_jsonl(tmp_path / "held.jsonl", held)
+    assert read_conversations(tmp_path / "held.jsonl") == held
