@@ -77,7 +77,10 @@ def signature_conversations(
     held_out: float = 0.1, seed: int = 0
 ) -> tuple[list[list[dict[str, str]]], list[list[dict[str, str]]]]:
     """(train, held-out) conversations, split by function (a held-out one is never trained)."""
-    pairs = sorted(set(signatures()))
+    first: dict[str, str] = {}
+    for name, signature in signatures():  # a name defined twice (a property's setter): the first
+        first.setdefault(name, signature)
+    pairs = sorted(first.items())
     order = np.random.default_rng(seed).permutation(len(pairs))
     n_held = max(1, round(held_out * len(pairs)))
     held = [conversation(*pairs[i]) for i in order[:n_held]]
