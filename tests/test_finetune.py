@@ -19,6 +19,7 @@ import nn
 from autograd import Tensor, hooks
 from autograd.gradcheck import gradcheck
 from models import chat_data
+from models import lora as models_lora
 from models.gpt import GPT, IGNORE_INDEX, GPTConfig
 from models.sft import (
     conversation_segments,
@@ -530,3 +531,21 @@ def test_the_signature_conversations_come_from_the_stdlib_and_hold_functions_out
     assert chat_data.signature_conversations(held_out=0.1, seed=0)[1] == held
     chat_data.write_jsonl(tmp_path / "held.jsonl", held)
     assert read_conversations(tmp_path / "held.jsonl") == held
+
+
+def test_models_lora_merge_writes_a_base_checkpoint_with_the_same_logits(tmp_path, capsys):
+    base = _gpt()
+    base.save_pretrained(tmp_path / "base")
+    (tmp_path / "base" / "tokenizer.json").write_text("{}", "utf-8")  # copied as it is
+    model = _trained_lora()
+    nn.save_adapter(tmp_path / "adapter", model)
+    args = ["merge", "--base", str(tmp_path / "base"), "--adapter", str(tmp_path / "adapter")]
+    assert models_lora.main([*args, "--out", str(tmp_path / "merged")]) == 0
+    assert "merged 3 adapters" in capsys.readouterr().out
+    merged = GPT.from_pretrained(tmp_path / "merged")
+    assert set(merged.state_dict()) == set(base.state_dict())
+    assert (tmp_path / "merged" / "tokenizer.json").read_text("utf-8") == "{}"
+    x, _ = _batch()
+    np.testing.assert_allclose(merged(x)[0].data, model(x)[0].data, rtol=1e-12, atol=1e-13)
+    with pytest.raises(ValueError, match="--out must not be the --base"):
+        models_lora.merge(tmp_path / "base", tmp_path / "adapter", tmp_path / "base")
