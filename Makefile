@@ -26,7 +26,7 @@ test: $(STAMP)
 # or a kernel with its reference, again under each OpenBLAS kernel this CPU runs, whatever the
 # machine's environment sets: the AVX2 one (Haswell), the one OpenBLAS picks itself, and the
 # AVX-512 one (SkylakeX) where the CPU has AVX-512. A red on one kernel then shows on any machine.
-BLAS_TESTS := tests/test_compile.py tests/test_kernels.py tests/test_train.py \
+BLAS_TESTS := tests/test_compile.py tests/test_kernels.py tests/test_train.py tests/test_loop.py \
 	tests/test_checkpoint.py tests/test_optim.py
 BLAS_PYTEST := HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -p no:cacheprovider $(BLAS_TESTS)
 

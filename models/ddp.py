@@ -1,4 +1,5 @@
-"""Data-parallel training over MPI: `mpiexec -n N python -m models.train --ddp ...`.
+"""Data-parallel training over MPI: `mpiexec -n N python -m models.train --ddp ...` (or
+models.encoder, models.seq2seq: --ddp is the training loop's, models/loop.py).
 
 The distributed engine is MPI (through mpi4py; `pip install "glassgrad[mpi]"` brings the mpich
 wheel, no system MPI needed). Every rank runs this same loop:
@@ -26,7 +27,6 @@ stops the job.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -42,8 +42,6 @@ from typing import Any
 import numpy as np
 
 import nn
-from models import loop
-from models.gpt import GPT
 
 FAIL_ENV = "GLASSGRAD_DDP_FAIL"
 
@@ -134,7 +132,7 @@ class GradientAllreduce:
 
 
 def fingerprint(
-    model: GPT, optimizer: nn.optim.Optimizer, settings: dict[str, Any]
+    model: nn.Module, optimizer: nn.optim.Optimizer, settings: dict[str, Any]
 ) -> dict[str, Any]:
     """What must be equal on every rank before the first step: the parameters (float64 sum and a
     CRC of their bytes, in named order), the optimizer state (CRC) and the settings (CRC)."""
@@ -215,11 +213,46 @@ def _injected_failure() -> tuple[int, int] | None:
     return rank, step
 
 
-# --- the run -------------------------------------------------------------------------------------
+# --- the processes a run trains on -------------------------------------------------------------
 
 
-class DataParallel(loop.Replicas):
-    """This process as one rank of `comm` in the training loop (see models.loop.Replicas).
+class Replicas:
+    """The processes a run trains on: one (this class), or the MPI ranks of DataParallel.
+
+    The training loop (models.loop) asks it which rows of each global batch this process takes
+    (rank, world size), lets it make the gradients, the loss and a stop request agree across
+    processes after backward (reduce), and leaves logging, evaluation and checkpoints to the main
+    process.
+    """
+
+    rank = 0
+    world_size = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def start(
+        self, model: nn.Module, optimizer: nn.optim.Optimizer, settings: dict[str, Any], step: int
+    ) -> str:
+        """Called once before the first step; returns a note for the run's opening line."""
+        return ""
+
+    def reduce(self, loss: float, stop: bool) -> tuple[float, bool]:
+        """After backward: average the gradients over the processes; (loss, stop) for all."""
+        return loss, stop
+
+
+SINGLE_PROCESS = Replicas()
+
+
+def world() -> Any:
+    """MPI's COMM_WORLD: every rank of this job."""
+    return _mpi().COMM_WORLD
+
+
+class DataParallel(Replicas):
+    """This process as one rank of `comm` in the training loop (see Replicas).
 
     start: checks that the global batch splits evenly, builds the one-buffer Allreduce and checks
     that every rank holds the same replica. reduce: averages the gradients, the loss and the stop
@@ -234,7 +267,7 @@ class DataParallel(loop.Replicas):
         self.failure = _injected_failure()
 
     def start(
-        self, model: GPT, optimizer: nn.optim.Optimizer, settings: dict[str, Any], step: int
+        self, model: nn.Module, optimizer: nn.optim.Optimizer, settings: dict[str, Any], step: int
     ) -> str:
         batch, world = settings["batch_size"], self.world_size
         if batch % world:
@@ -242,7 +275,7 @@ class DataParallel(loop.Replicas):
                 f"train --ddp: --batch-size {batch} must be divisible by the number of ranks "
                 f"{world} (each rank takes an equal share of the global batch)"
             )
-        if settings["dropout"] > 0:
+        if settings.get("dropout", 0.0) > 0:
             # Every rank would draw the same dropout masks (same seed), and only rank 0's mask
             # stream is saved for --resume; rather than train on correlated masks, refuse.
             raise SystemExit(
@@ -259,24 +292,15 @@ class DataParallel(loop.Replicas):
         )
 
     def reduce(self, loss: float, stop: bool) -> tuple[float, bool]:
-        """The global loss is the mean of the ranks' mean losses: that equals the mean over the
-        global batch because every shard has the same number of rows and training targets are
-        never ignore_index, so every shard counts the same number of targets."""
+        """The global loss is the mean of the ranks' mean losses. For the GPT that equals the
+        mean over the global batch: every shard has the same number of rows and the GPT's training
+        targets are never ignore_index, so every shard counts the same number of targets. The
+        encoder's masked characters and seq2seq's padded targets differ in number between shards:
+        there each rank's mean weighs as much as any other's, as in PyTorch's DDP, so the run is
+        not bit for bit the single-process one (the ranks still agree with each other)."""
         if self.failure == (self.rank, self.step):
             raise RuntimeError(
                 f"injected failure on rank {self.rank} at step {self.step} ({FAIL_ENV})"
             )
         self.step += 1
         return self.reducer(loss, stop)
-
-
-def main(args: argparse.Namespace | None = None) -> int:
-    """`mpiexec -n N python -m models.ddp ...` (or `python -m models.train --ddp ...`)."""
-    args = loop.build_parser().parse_args() if args is None else args
-    comm = _mpi().COMM_WORLD
-    with abort_on_error(comm):
-        return loop.run(args, replicas=DataParallel(comm))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,23 +8,28 @@ ways (nn.EncoderBlock: no causal mask, so the characters after a gap count as mu
 before it). A decoder-only GPT could only use the left side. The score is the fraction of masked
 characters of the validation text predicted exactly, beside the unigram baseline: always
 guessing the training text's most frequent character.
+
+The training is the one loop of models/loop.py (EncoderTrainer plugs in the masked batches, the
+evaluation and the model's files): checkpoints and loss.png in --out (runs/encoder), --resume,
+Ctrl-C, the compiled step, --ddp.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import autograd.functional as F
 import nn
-from autograd import Tensor, get_default_dtype, no_grad
-from models.data import eval_batches, get_batch, prepare_corpus
+from autograd import Tensor, no_grad
+from models import loop
+from models.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
 from models.gpt import IGNORE_INDEX
+from models.tokenizer import load_tokenizer, save_tokenizer
 
 
 @dataclass
@@ -130,22 +135,6 @@ def mask_characters(
     return np.where(hidden, mask_id, x), np.where(hidden, x, IGNORE_INDEX)
 
 
-# About 3 minutes on the 2-core machine (docs/seq2seq.md); at 3x that time, width 128 and 4
-# blocks reached 0.470 instead of 0.444.
-DEFAULTS: dict[str, Any] = {
-    "steps": 1000,
-    "batch_size": 32,
-    "block_size": 64,
-    "n_layer": 3,
-    "n_head": 4,
-    "n_embd": 96,
-    "lr": 3e-3,
-    "warmup": 100,
-    "eval_batches": 16,
-    "seed": 0,
-}
-
-
 def masked_accuracy(
     model: Encoder, batches: list[tuple[np.ndarray, np.ndarray]]
 ) -> tuple[float, int]:
@@ -165,90 +154,131 @@ def masked_accuracy(
     return correct / total, total
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m models.encoder",
-        description="Train an encoder-only Transformer by masked-character prediction (8.7).",
-    )
-    d = DEFAULTS
-    add = p.add_argument
-    add("--data", help="UTF-8 text file (default: the Python standard library sources)")
-    add("--steps", type=int, default=d["steps"], help="optimizer steps (default %(default)s)")
-    add("--batch-size", type=int, default=d["batch_size"], help="default %(default)s")
-    add("--block-size", type=int, default=d["block_size"], help="default %(default)s")
-    add("--n-layer", type=int, default=d["n_layer"], help="default %(default)s")
-    add("--n-head", type=int, default=d["n_head"], help="default %(default)s")
-    add("--n-embd", type=int, default=d["n_embd"], help="default %(default)s")
-    add("--lr", type=float, default=d["lr"], help="peak learning rate (default %(default)s)")
-    add("--warmup", type=int, default=d["warmup"], help="warmup steps (default %(default)s)")
-    add("--eval-batches", type=int, default=d["eval_batches"], help="validation batches")
-    add("--post-ln", action="store_true", help="the 2017 paper's Post-LN blocks")
-    add("--positions", choices=["learned", "sinusoidal"], default="learned")
-    add("--seed", type=int, default=d["seed"], help="default %(default)s")
-    add("--quiet", action="store_true", help="no progress bar")
-    return p
+@dataclass
+class MaskedData:
+    """The corpus, the MASK id (one past the characters) and the fixed validation windows with
+    their masks: text the model never trains on."""
+
+    corpus: Corpus
+    mask_id: int
+    val: list[tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def most_frequent(self) -> int:
+        """The unigram baseline's guess: the training text's most frequent character."""
+        return int(np.bincount(self.corpus.train).argmax())
+
+    @property
+    def masked_targets(self) -> np.ndarray:
+        return np.concatenate([t[t != IGNORE_INDEX] for _, t in self.val])
+
+
+class EncoderTrainer(loop.Trainer):
+    """Masked-character prediction (notes 8.7) with the encoder: its kind of the loop."""
+
+    name = "encoder"
+    prog = "python -m models.encoder"
+    description = "Train an encoder-only Transformer by masked-character prediction (8.7)."
+    title = "encoder (masked characters)"
+    # About 3 minutes on the 2-core machine (docs/seq2seq.md); at 3x that time, width 128 and 4
+    # blocks reached 0.470 instead of 0.444.
+    DEFAULTS: dict[str, Any] = {
+        **loop.Trainer.DEFAULTS,
+        "data": None,
+        "out": "runs/encoder",
+        "steps": 1000,
+        "batch_size": 32,
+        "block_size": 64,
+        "n_layer": 3,
+        "n_head": 4,
+        "n_embd": 96,
+        "post_ln": False,
+        "positions": "learned",
+        "lr": 3e-3,
+        "warmup": 100,
+        "eval_batches": 16,
+    }
+    RUN_DEFINING = (*loop.COMMON_RUN_DEFINING, "data", "block_size", "post_ln", "positions")
+    blas_threads = 1  # small products (measured in docs/seq2seq.md)
+    model_class, config_class = Encoder, EncoderConfig
+
+    def add_arguments(self, add: Any) -> None:
+        add("--data", "UTF-8 text file (default: the Python standard library sources)")
+        add("--block-size", "characters per window", type=int)
+        add("--eval-batches", "validation batches", type=int)
+        add("--post-ln", "the 2017 paper's Post-LN blocks", action="store_true", default=None)
+        add("--positions", "position encoding", choices=["learned", "sinusoidal"])
+
+    def prepare(self, s: dict[str, Any], saved: Path | None) -> MaskedData:
+        tokenizer = None if saved is None else load_tokenizer(saved)
+        corpus = prepare_corpus(s["data"], tokenizer=tokenizer)
+        mask_id = corpus.tokenizer.vocab_size
+        windows = eval_batches(
+            corpus.val, s["batch_size"], s["block_size"], s["eval_batches"], s["seed"]
+        )
+        val = [
+            mask_characters(x, mask_id, np.random.default_rng([s["seed"], 3, i]))
+            for i, (x, _) in enumerate(windows)
+        ]
+        return MaskedData(corpus, mask_id, val)
+
+    def config_fields(self, s: dict[str, Any], data: MaskedData) -> dict[str, Any]:
+        return {
+            "vocab_size": data.mask_id + 1,
+            "block_size": s["block_size"],
+            "pre_ln": not s["post_ln"],
+            "positions": s["positions"],
+        }
+
+    def save_model(
+        self, out: Path, model: Encoder, data: MaskedData, stamp: dict[str, str]
+    ) -> None:
+        super().save_model(out, model, data, stamp)
+        save_tokenizer(data.corpus.tokenizer, out)
+
+    def batch(
+        self, s: dict[str, Any], data: MaskedData, step: int, rank: int, world_size: int
+    ) -> loop.Batch:
+        """Windows of the training text with 15 % of their characters masked; the masks are
+        drawn for the global batch, so every rank's rows are those of one process."""
+        x, _ = get_batch(data.corpus.train, s["batch_size"], s["block_size"], s["seed"], step)
+        rng = np.random.default_rng([s["seed"], 2, step])
+        inputs, targets = mask_characters(x, data.mask_id, rng)
+        return inputs[rank::world_size], targets[rank::world_size]
+
+    def baselines(self, data: MaskedData) -> dict[str, float]:
+        targets = data.masked_targets
+        vocab = data.corpus.tokenizer.vocab_size
+        return {
+            "val": unigram_baseline(data.corpus.train, targets, vocab),
+            "accuracy": float(np.mean(targets == data.most_frequent)),
+        }
+
+    def evaluate(self, model: Encoder, data: MaskedData, s: dict[str, Any]) -> dict[str, float]:
+        val = float(np.mean([model(inputs, targets)[1].item() for inputs, targets in data.val]))
+        return {"val": val, "accuracy": masked_accuracy(model, data.val)[0]}
+
+    def describe_data(self, data: MaskedData) -> str:
+        c = data.corpus
+        return (
+            f"data: {c.source}, {len(c.train):,} train / {len(c.val):,} val characters, 15 % "
+            f"masked; {len(data.masked_targets):,} masked validation characters"
+        )
+
+    def report(self, history: dict[str, Any], data: MaskedData, s: dict[str, Any]) -> list[str]:
+        always = data.corpus.tokenizer.decode([data.most_frequent])
+        return [
+            f"masked-token accuracy: {history['eval_accuracy'][-1]:.4f} vs unigram baseline "
+            f"{history['baselines']['accuracy']:.4f} (always {always!r}) on "
+            f"{len(data.masked_targets)} masked characters"
+        ]
+
+
+TRAINER = EncoderTrainer()
 
 
 def main(argv: list[str] | None = None) -> int:
-    from threadpoolctl import threadpool_limits
-
-    # One BLAS thread for small products (measured in docs/seq2seq.md); callers keep theirs.
-    with threadpool_limits(limits=1, user_api="blas"):
-        return _main(build_parser().parse_args(argv))
-
-
-def _main(a: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    corpus = prepare_corpus(a.data)
-    mask_id = corpus.tokenizer.vocab_size  # one id past the characters
-    config = EncoderConfig(
-        vocab_size=mask_id + 1,
-        block_size=a.block_size,
-        n_layer=a.n_layer,
-        n_head=a.n_head,
-        n_embd=a.n_embd,
-        pre_ln=not a.post_ln,
-        positions=a.positions,
-    )
-    model = Encoder(config, rng=np.random.default_rng(a.seed))
-    optimizer = nn.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    warmup = min(a.warmup, a.steps)
-    began = time.perf_counter()
-    model.train()
-    with tqdm(total=a.steps, disable=a.quiet, unit="step", dynamic_ncols=True) as bar:
-        for step in range(a.steps):
-            x, _ = get_batch(corpus.train, a.batch_size, a.block_size, a.seed, step)
-            inputs, targets = mask_characters(x, mask_id, np.random.default_rng([a.seed, 2, step]))
-            _, loss = model(inputs, targets)
-            optimizer.zero_grad()
-            loss.backward()
-            nn.clip_grad_norm_(model.parameters(), 1.0)
-            for group in optimizer.param_groups:
-                group["lr"] = nn.optim.cosine_with_warmup(step, a.lr, warmup, a.steps, a.lr / 10)
-            optimizer.step()
-            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-            bar.update(1)
-    seconds = time.perf_counter() - began
-    # Fixed validation windows and masks: text the model never trained on.
-    val = [
-        mask_characters(x, mask_id, np.random.default_rng([a.seed, 3, i]))
-        for i, (x, _) in enumerate(
-            eval_batches(corpus.val, a.batch_size, a.block_size, a.eval_batches, a.seed)
-        )
-    ]
-    accuracy, n_masked = masked_accuracy(model, val)
-    most_frequent = np.bincount(corpus.train).argmax()
-    baseline = np.mean(np.concatenate([t[t != IGNORE_INDEX] for _, t in val]) == most_frequent)
-    print(
-        f"{model.describe()}, {model.num_parameters():,} parameters, {get_default_dtype()}; "
-        f"data: {corpus.source}; trained {a.steps} steps in {seconds:.0f} s"
-    )
-    print(
-        f"masked-token accuracy: {accuracy:.4f} vs unigram baseline {baseline:.4f} "
-        f"(always {corpus.tokenizer.decode([most_frequent])!r}) on {n_masked} masked characters"
-    )
-    return 0
+    return TRAINER.main(argv)
 
 
 if __name__ == "__main__":

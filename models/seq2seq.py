@@ -15,22 +15,28 @@ recomputes everything from scratch each step and gives the same tokens.
 The tasks are generated in code: `reverse` and `sort` a string of digits, `add` writes the sum of
 two numbers. Held-out sequences are fixed by a hash of the source text (`is_held_out`), so
 training never draws one, whatever the seed, and the final accuracy is on sources it never saw.
+
+The training is the one loop of models/loop.py (Seq2SeqTrainer plugs in the batches, the
+evaluation and the model's files): checkpoints and loss.png in --out (runs/seq2seq-TASK),
+--resume, Ctrl-C, --ddp. Its padded batches run eagerly (the loop says why); with --bucket,
+batches of one source length, the steps go through the compiled step.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import sys
-import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import autograd.functional as F
 import nn
-from autograd import Tensor, get_default_dtype, no_grad
+from autograd import Tensor, no_grad
+from models import loop
+from models.data import unigram_baseline
 from models.gpt import IGNORE_INDEX
 
 # --- vocabulary and tasks -------------------------------------------------------------------------
@@ -323,16 +329,6 @@ class Seq2Seq(nn.Module):
 
 # --- training and evaluation ----------------------------------------------------------------------
 
-# The defaults every task shares; steps, batch size, width and lr are the task's (TASKS).
-DEFAULTS: dict[str, Any] = {
-    "task": "reverse",
-    "n_layer": 2,
-    "n_head": 4,
-    "warmup": 100,
-    "eval_size": 1000,
-    "seed": 0,
-}
-
 
 def exact_match(model: Seq2Seq, pairs: list[tuple[str, str]], batch_size: int = 500) -> float:
     """The fraction of pairs whose greedy output equals the target exactly."""
@@ -343,6 +339,185 @@ def exact_match(model: Seq2Seq, pairs: list[tuple[str, str]], batch_size: int = 
         out = model.generate(src, model.config.max_tgt_len)
         correct += sum(decode(row) == target for row, (_, target) in zip(out, chunk, strict=True))
     return correct / len(pairs)
+
+
+def same_length_pairs(
+    task: Task, rng: np.random.Generator, n: int, min_len: int, max_len: int
+) -> list[tuple[str, str]]:
+    """n training pairs (never held out) whose sources all have the length of the first one drawn
+    (length bucketing, --bucket): each pair is distributed as sample_pairs' given its source's
+    length, and that length as sample_pairs' too.
+
+    Such a batch has no padding in its source, so no padding mask, and its step can be compiled.
+    Targets may still differ in length (add's carry): their padding needs no mask (causal
+    self-attention, and IGNORE_INDEX in the loss).
+    """
+    pairs = sample_pairs(task, rng, 1, min_len, max_len, held_out=False)
+    length = len(pairs[0][0])
+    while len(pairs) < n:
+        pair = sample_pairs(task, rng, 1, min_len, max_len, held_out=False)[0]
+        if len(pair[0]) == length:
+            pairs.append(pair)
+    return pairs
+
+
+@dataclass
+class DigitData:
+    """The task, its lengths and the fixed held-out pairs (never in a training batch)."""
+
+    task: Task
+    min_len: int
+    max_len: int
+    held_out: list[tuple[str, str]]
+
+
+class Seq2SeqTrainer(loop.Trainer):
+    """The digit tasks (reverse, sort, add) with the encoder-decoder: its kind of the loop."""
+
+    name = "seq2seq"
+    prog = "python -m models.seq2seq"
+    description = (
+        "Train an encoder-decoder Transformer on a digit task (notes 8.7). Steps, batch size, "
+        "width, learning rate, lengths and --out (runs/seq2seq-TASK) default to the task's."
+    )
+    title = "encoder-decoder"
+    # The defaults every task shares; the others are the task's (defaults(), TASKS).
+    DEFAULTS: dict[str, Any] = {
+        **loop.Trainer.DEFAULTS,
+        "task": "reverse",
+        "n_layer": 2,
+        "n_head": 4,
+        "post_ln": False,
+        "positions": "learned",
+        "warmup": 100,
+        "eval_every": 200,
+        "eval_size": 1000,
+        "bucket": False,
+    }
+    RUN_DEFINING = (
+        *loop.COMMON_RUN_DEFINING,
+        "task",
+        "min_len",
+        "max_len",
+        "post_ln",
+        "positions",
+        "bucket",
+    )
+    betas = (0.9, 0.98)
+    # Batches come in several shapes, one plan each. The fused AdamW moves the parameters into
+    # its plan's flat buffer, so every change of shape would trace again (55 ms a step for
+    # reverse --bucket, eager 7.4 ms); unfused plans stay valid side by side (6.4 ms).
+    fusion = False
+    blas_threads = 1  # tiny products: a second BLAS thread cost 3x on a busy machine
+    model_class, config_class = Seq2Seq, Seq2SeqConfig
+
+    def add_arguments(self, add: Any) -> None:
+        add("--task", "the digit task", choices=sorted(TASKS))
+        add("--min-len", "fewest digits of a string/operand", type=int)
+        add("--max-len", "most digits of a string/operand", type=int)
+        add("--post-ln", "the 2017 paper's Post-LN blocks", action="store_true", default=None)
+        add("--positions", "position encoding", choices=["learned", "sinusoidal"])
+        add("--eval-size", "held-out sequences to score", type=int)
+        add(
+            "--bucket",
+            "batches of one source length: no padding mask, so the step compiles",
+            action="store_true",
+            default=None,
+        )
+
+    def compile_refusal(self, s: dict[str, Any]) -> str | None:
+        if s["bucket"]:
+            return None
+        return (
+            "the padding mask is computed from each batch in numpy (Seq2Seq.encode), outside "
+            "any op, so a compiled replay would keep the first batch's mask (docs/compile.md); "
+            "--bucket draws batches of one source length, whose steps compile"
+        )
+
+    def defaults(self, given: dict[str, Any]) -> dict[str, Any]:
+        task = TASKS[given.get("task", self.DEFAULTS["task"])]
+        return {
+            **self.DEFAULTS,
+            **{k: getattr(task, k) for k in ("steps", "batch_size", "n_embd", "lr")},
+            "min_len": task.min_len,
+            "max_len": task.max_len,
+            "out": f"runs/seq2seq-{task.name}",
+        }
+
+    def check_settings(self, s: dict[str, Any], given: dict[str, Any]) -> None:
+        if not 1 <= s["min_len"] <= s["max_len"]:
+            raise SystemExit(
+                f"seq2seq: need 1 <= --min-len <= --max-len, got {s['min_len']}, {s['max_len']}"
+            )
+
+    def prepare(self, s: dict[str, Any], saved: Path | None) -> DigitData:
+        task = TASKS[s["task"]]
+        held_out = held_out_set(task, s["eval_size"], s["min_len"], s["max_len"], s["seed"])
+        return DigitData(task, s["min_len"], s["max_len"], held_out)
+
+    def config_fields(self, s: dict[str, Any], data: DigitData) -> dict[str, Any]:
+        max_src, max_tgt = data.task.max_lengths(s["max_len"])
+        return {
+            "max_src_len": max_src,
+            "max_tgt_len": max_tgt + 1,  # + EOS
+            "pre_ln": not s["post_ln"],
+            "positions": s["positions"],
+        }
+
+    def batch(
+        self, s: dict[str, Any], data: DigitData, step: int, rank: int, world_size: int
+    ) -> loop.Batch:
+        """Fresh pairs (of one source length with --bucket): batch `step` is a function of
+        (seed, step), and never holds a held-out source."""
+        rng = np.random.default_rng([s["seed"], 0, step])
+        lengths = data.min_len, data.max_len
+        if s["bucket"]:
+            pairs = same_length_pairs(data.task, rng, s["batch_size"], *lengths)
+        else:
+            pairs = sample_pairs(data.task, rng, s["batch_size"], *lengths, held_out=False)
+        return tuple(a[rank::world_size] for a in to_arrays(pairs))
+
+    def tokens(self, batch: loop.Batch) -> int:
+        src, tgt_in, _ = batch
+        return src.size + tgt_in.size
+
+    def baselines(self, data: DigitData) -> dict[str, float]:
+        """The loss of predicting every target token (EOS included) by its frequency in
+        training targets, ignoring the source and the target so far."""
+        rng = np.random.default_rng(0)
+        pairs = sample_pairs(data.task, rng, 2000, data.min_len, data.max_len, held_out=False)
+        train = np.concatenate([encode(t) + [EOS] for _, t in pairs])
+        held_out = np.concatenate([encode(t) + [EOS] for _, t in data.held_out])
+        return {"val": unigram_baseline(train, held_out, len(VOCAB))}
+
+    def evaluate(self, model: Seq2Seq, data: DigitData, s: dict[str, Any]) -> dict[str, float]:
+        """The held-out pairs' loss (teacher forcing, padded and masked) and exact match."""
+        nats = count = 0.0
+        for i in range(0, len(data.held_out), 500):
+            src, tgt_in, tgt_out = to_arrays(data.held_out[i : i + 500])
+            n = np.count_nonzero(tgt_out != IGNORE_INDEX)
+            nats, count = nats + model(src, tgt_in, tgt_out)[1].item() * n, count + n
+        return {"val": nats / count, "exact_match": exact_match(model, data.held_out)}
+
+    def describe_data(self, data: DigitData) -> str:
+        return (
+            f"task {data.task.name}, {data.min_len}-{data.max_len} digits; "
+            f"{len(data.held_out)} held-out sequences"
+        )
+
+    def report(self, history: dict[str, Any], data: DigitData, s: dict[str, Any]) -> list[str]:
+        return [
+            f"exact-match accuracy: {history['eval_exact_match'][-1]:.4f} on "
+            f"{len(data.held_out)} held-out sequences"
+        ]
+
+    def sample(self, model: Seq2Seq, data: DigitData, s: dict[str, Any]) -> str:
+        src, _ = data.held_out[0]
+        out = model.generate(to_arrays(data.held_out[:1])[0], model.config.max_tgt_len)
+        return f"e.g. {src} -> {decode(out[0])}"
+
+
+TRAINER = Seq2SeqTrainer()
 
 
 def train(
@@ -357,110 +532,32 @@ def train(
     seed: int,
     quiet: bool = False,
 ) -> Seq2Seq:
-    """AdamW with warmup and cosine decay on fresh batches: batch `step` is a function of
-    (seed, step), and never holds a held-out source."""
-    from tqdm import tqdm
-
-    model = Seq2Seq(config, rng=np.random.default_rng(seed))
-    optimizer = nn.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-    model.train()
-    with tqdm(total=steps, disable=quiet, unit="step", dynamic_ncols=True) as bar:
-        for step in range(steps):
-            rng = np.random.default_rng([seed, 0, step])
-            src, tgt_in, tgt_out = to_arrays(
-                sample_pairs(task, rng, batch_size, min_len, max_len, held_out=False)
-            )
-            _, loss = model(src, tgt_in, tgt_out)
-            optimizer.zero_grad()
-            loss.backward()
-            nn.clip_grad_norm_(model.parameters(), 1.0)
-            for group in optimizer.param_groups:
-                group["lr"] = nn.optim.cosine_with_warmup(step, lr, warmup, steps, lr / 10)
-            optimizer.step()
-            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-            bar.update(1)
-    return model
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m models.seq2seq",
-        description="Train an encoder-decoder Transformer on a digit task (notes 8.7).",
-    )
-    d = DEFAULTS
-    add = p.add_argument
-    add("--task", choices=sorted(TASKS), default=d["task"], help="default %(default)s")
-    # default None: the task's (TASKS)
-    add("--steps", type=int, help="optimizer steps (default: the task's)")
-    add("--batch-size", type=int, help="sequences per step (default: the task's)")
-    add("--min-len", type=int, help="fewest digits of a string/operand (default: the task's)")
-    add("--max-len", type=int, help="most digits of a string/operand (default: the task's)")
-    add("--n-layer", type=int, default=d["n_layer"], help="blocks per side (default %(default)s)")
-    add("--n-head", type=int, default=d["n_head"], help="default %(default)s")
-    add("--n-embd", type=int, help="model width (default: the task's)")
-    add("--lr", type=float, help="peak learning rate (default: the task's)")
-    add("--warmup", type=int, default=d["warmup"], help="warmup steps (default %(default)s)")
-    add("--post-ln", action="store_true", help="the 2017 paper's Post-LN blocks")
-    add("--positions", choices=["learned", "sinusoidal"], default="learned")
-    add("--eval-size", type=int, default=d["eval_size"], help="held-out sequences to score")
-    add("--seed", type=int, default=d["seed"], help="default %(default)s")
-    add("--quiet", action="store_true", help="no progress bar")
-    return p
+    """A model trained by the loop without writing files (the config's max lengths must be
+    those of task and max_len)."""
+    settings = {
+        **TRAINER.defaults({"task": task.name}),
+        "out": None,
+        "steps": steps,
+        "batch_size": batch_size,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_embd": config.n_embd,
+        "dropout": config.dropout,
+        "post_ln": not config.pre_ln,
+        "positions": config.positions,
+        "min_len": min_len,
+        "max_len": max_len,
+        "lr": lr,
+        "min_lr": lr / 10,
+        "warmup": warmup,
+        "eval_every": steps,
+        "seed": seed,
+    }
+    return TRAINER.fit(settings, quiet=quiet)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from threadpoolctl import threadpool_limits
-
-    # One BLAS thread: these products are tiny, and handing them to a second thread cost 3x on a
-    # busy machine (docs/seq2seq.md). A context, so that callers (tests) keep their setting.
-    with threadpool_limits(limits=1, user_api="blas"):
-        return _main(build_parser().parse_args(argv))
-
-
-def _main(args: argparse.Namespace) -> int:
-    task = TASKS[args.task]
-    for name in ("steps", "batch_size", "n_embd", "lr", "min_len", "max_len"):
-        if getattr(args, name) is None:
-            setattr(args, name, getattr(task, name))
-    min_len, max_len = args.min_len, args.max_len
-    if not 1 <= min_len <= max_len:
-        raise SystemExit(f"seq2seq: need 1 <= --min-len <= --max-len, got {min_len}, {max_len}")
-    max_src, max_tgt = task.max_lengths(max_len)
-    config = Seq2SeqConfig(
-        max_src_len=max_src,
-        max_tgt_len=max_tgt + 1,  # + EOS
-        n_layer=args.n_layer,
-        n_head=args.n_head,
-        n_embd=args.n_embd,
-        pre_ln=not args.post_ln,
-        positions=args.positions,
-    )
-    began = time.perf_counter()
-    model = train(
-        task,
-        args.steps,
-        args.batch_size,
-        config,
-        min_len,
-        max_len,
-        lr=args.lr,
-        warmup=min(args.warmup, args.steps),
-        seed=args.seed,
-        quiet=args.quiet,
-    )
-    trained = time.perf_counter() - began
-    pairs = held_out_set(task, args.eval_size, min_len, max_len, args.seed)
-    accuracy = exact_match(model, pairs)
-    total = time.perf_counter() - began
-    src, _ = pairs[0]
-    example = decode(model.generate(to_arrays(pairs[:1])[0], config.max_tgt_len)[0])
-    print(
-        f"{model.describe()}, {model.num_parameters():,} parameters, {get_default_dtype()}; "
-        f"task {task.name}, {min_len}-{max_len} digits; trained {args.steps} steps in "
-        f"{trained:.0f} s, {total:.0f} s with the evaluation; e.g. {src} -> {example}"
-    )
-    print(f"exact-match accuracy: {accuracy:.4f} on {len(pairs)} held-out sequences")
-    return 0
+    return TRAINER.main(argv)
 
 
 if __name__ == "__main__":

@@ -2,27 +2,154 @@
 
 By default a character-level GPT learns the Python standard library's own source (no download) in a
 few minutes on two CPU cores, then prints a sample; `--tokenizer bpe --vocab-size N` trains on GPT-2
-style byte-level BPE tokens learned from the training split instead. The loop itself (settings,
-steps, evaluation, checkpoints, --resume, Ctrl-C) is models/loop.py, shared with the MPI ranks of
-models/ddp.py; `--ddp` hands the run over to models.ddp (`mpiexec -n N python -m models.train
---ddp`).
+style byte-level BPE tokens learned from the training split instead. What is the GPT's here is
+language modelling (GPTTrainer: next-token batches, train/val losses, the sample); the loop itself
+(settings, steps, evaluation, checkpoints, --resume, Ctrl-C, the compiled step, --ddp) is
+models/loop.py, shared with the encoder and the encoder-decoder (`mpiexec -n N python -m
+models.train --ddp` runs it on MPI ranks, models/ddp.py).
+
+Besides the loop's files, --out holds tokenizer.json (or, with --tokenizer bpe, GPT-2's vocab.json
++ merges.txt: the directory then loads like a GPT-2 download), and config.json carries GPT-2's
+keys, so that GPT.from_pretrained loads model.safetensors.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from models import loop
+from models.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
+from models.gpt import GPT, GPTConfig
+from models.tokenizer import load_tokenizer, save_tokenizer
+
+
+@dataclass
+class LanguageData:
+    """The corpus and the fixed evaluation windows of both splits."""
+
+    corpus: Corpus
+    evals: dict[str, list[tuple[np.ndarray, np.ndarray]]]
+
+
+class GPTTrainer(loop.Trainer):
+    """Next-token prediction on a corpus (notes 9): the GPT's kind of the loop."""
+
+    name = "train"
+    prog = "python -m models.train"
+    description = "Train a GPT on characters or BPE tokens (default corpus: Python stdlib)."
+    title = "GPT training"
+    # The demo defaults: tuned to finish in a few minutes on 2 CPU cores (see docs/gpt.md).
+    DEFAULTS: dict[str, Any] = {
+        **loop.Trainer.DEFAULTS,
+        "data": None,
+        "tokenizer": "char",
+        "vocab_size": 1024,
+        "out": "runs/demo",
+        "steps": 2000,
+        "batch_size": 16,
+        "block_size": 64,
+        "n_layer": 4,
+        "n_head": 4,
+        "n_embd": 128,
+        "lr": 3e-3,
+        "min_lr": 3e-4,
+        "warmup": 60,
+        "weight_decay": 0.1,
+        "eval_batches": 4,
+        "seed": 1337,
+        "sample_tokens": 400,
+        "sample_prompt": "def ",
+    }
+    RUN_DEFINING = (*loop.COMMON_RUN_DEFINING, "data", "tokenizer", "vocab_size", "block_size")
+    model_class, config_class = GPT, GPTConfig
+
+    def add_arguments(self, add: Any) -> None:
+        add("--data", "UTF-8 text file to train on (default: Python standard library sources)")
+        add("--tokenizer", "characters or byte-level BPE", choices=["char", "bpe"])
+        add("--vocab-size", "BPE vocabulary", type=int)
+        add("--block-size", "context length", type=int)
+        add("--eval-batches", "batches per evaluation", type=int)
+        add("--sample-tokens", "length of the final sample (0: none)", type=int)
+        add("--sample-prompt", "prompt of the final sample")
+
+    def check_settings(self, settings: dict[str, Any], given: dict[str, Any]) -> None:
+        if "vocab_size" in given and settings["tokenizer"] != "bpe":
+            raise SystemExit("train: --vocab-size needs --tokenizer bpe")
+
+    def prepare(self, s: dict[str, Any], saved: Path | None) -> LanguageData:
+        if saved is not None:  # the checkpoint's tokenizer (a BPE is not learned again)
+            corpus = prepare_corpus(s["data"], tokenizer=load_tokenizer(saved))
+        else:
+            bpe = s["vocab_size"] if s["tokenizer"] == "bpe" else None
+            corpus = prepare_corpus(s["data"], bpe_vocab_size=bpe)
+        evals = {
+            name: eval_batches(ids, s["batch_size"], s["block_size"], s["eval_batches"], s["seed"])
+            for name, ids in (("train", corpus.train), ("val", corpus.val))
+        }
+        return LanguageData(corpus, evals)
+
+    def config_fields(self, s: dict[str, Any], data: LanguageData) -> dict[str, Any]:
+        return {"vocab_size": data.corpus.tokenizer.vocab_size, "block_size": s["block_size"]}
+
+    def save_model(self, out: Path, model: GPT, data: LanguageData, stamp: dict[str, str]) -> None:
+        model.save_pretrained(out, metadata=stamp)
+        save_tokenizer(data.corpus.tokenizer, out)
+
+    def load_model(self, out: Path, settings: dict[str, Any]) -> GPT:
+        return GPT.from_pretrained(out, dtype=settings["dtype"])
+
+    def batch(
+        self, s: dict[str, Any], data: LanguageData, step: int, rank: int, world_size: int
+    ) -> loop.Batch:
+        ids = data.corpus.train
+        return get_batch(ids, s["batch_size"], s["block_size"], s["seed"], step, rank, world_size)
+
+    def baselines(self, data: LanguageData) -> dict[str, float]:
+        c = data.corpus
+        return {"val": unigram_baseline(c.train, c.val, c.tokenizer.vocab_size)}
+
+    def evaluate(
+        self, model: GPT, data: LanguageData, settings: dict[str, Any]
+    ) -> dict[str, float]:
+        """The mean loss over the fixed windows of each split."""
+        return {
+            name: float(np.mean([model(x, y)[1].item() for x, y in batches]))
+            for name, batches in data.evals.items()
+        }
+
+    def describe_data(self, data: LanguageData) -> str:
+        c = data.corpus
+        return (
+            f"data: {c.source}, {len(c.train):,} train / {len(c.val):,} val tokens; unigram "
+            f"baseline {self.baselines(data)['val']:.3f} nats/token"
+        )
+
+    def sample(self, model: GPT, data: LanguageData, s: dict[str, Any]) -> str | None:
+        if s["sample_tokens"] <= 0:
+            return None
+        tokenizer, prompt = data.corpus.tokenizer, s["sample_prompt"]
+        text = sample_text(model, tokenizer, prompt, s["sample_tokens"], s["seed"])
+        return f"--- sample (temperature 0.8) ---\n{text}"
+
+
+def sample_text(model: GPT, tokenizer: Any, prompt: str, n_tokens: int, seed: int) -> str:
+    """Prompt + n_tokens sampled at temperature 0.8 (a little sharper than the model)."""
+    ids = np.asarray(tokenizer.encode(prompt), dtype=np.int64) if prompt else np.array([0])
+    out = model.generate(ids[None, :], n_tokens, temperature=0.8, rng=np.random.default_rng(seed))
+    return tokenizer.decode(out[0])
+
+
+TRAINER = GPTTrainer()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (glassgrad-train)."""
-    args = loop.build_parser().parse_args(argv)
-    if args.ddp:
-        from models import ddp  # needs mpi4py, only imported when asked for
-
-        return ddp.main(args)
-    return loop.run(args)
+    return TRAINER.main(argv)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,17 @@ def backend(request):
     return request.param
 
 
+# Modules whose command-line tests run a training command with its default --out (runs/...).
+_DEFAULT_OUT_MODULES = {"test_encoder", "test_seq2seq"}
+
+
+@pytest.fixture(autouse=True)
+def _default_out_in_tmp(request, monkeypatch):
+    """Run those tests in a temporary directory: a run's files never land in the checkout."""
+    if request.module.__name__.rpartition(".")[2] in _DEFAULT_OUT_MODULES:
+        monkeypatch.chdir(request.getfixturevalue("tmp_path"))
+
+
 def pytest_terminal_summary(terminalreporter):
     """Say which BLAS kernel this run used: the suite must pass on every one (make test-blas)."""
     terminalreporter.write_line(_blas_kernel())

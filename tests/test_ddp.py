@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 
 import nn
-from models import ddp, loop
+from models import ddp
 from models.gpt import GPT, GPTConfig
+from models.train import TRAINER as loop
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 90

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import nn
-from models import loop, sample, train
+from models import sample, train
 from models.gpt import GPT
 from models.tokenizer import CharTokenizer
+from models.train import TRAINER as loop
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n"
