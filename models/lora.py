@@ -19,23 +19,32 @@ from pathlib import Path
 import nn
 from models.gpt import GPT
 
-# files of a model directory that the merged weights replace (the rest, e.g. the tokenizer, is
-# copied as it is)
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "config.json")
+# files of a model directory that are not copied: the weights (written merged) and, in a training
+# run's directory, its state (the rest, e.g. the tokenizer, is copied as it is)
+NOT_COPIED = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "config.json",
+    "optimizer.safetensors",
+    "train_state.json",
+    "loss.png",
+)
 
 
-def merge(base: str | Path, adapter: str | Path, out: str | Path) -> list[str]:
-    """Write base + adapter, merged, to `out`; return the merged modules' names."""
+def merge(
+    base: str | Path, adapter: str | Path, out: str | Path, dtype: str = "float32"
+) -> list[str]:
+    """Write base + adapter, merged in `dtype`, to `out`; return the merged modules' names."""
     base, out = Path(base), Path(out)
     if out.resolve() == base.resolve():
         raise ValueError("models.lora merge: --out must not be the --base directory")
-    model = GPT.from_pretrained(base)
+    model = GPT.from_pretrained(base, dtype=dtype)
     nn.load_adapter(adapter, model)
     names = nn.unload_lora(model)
     out.mkdir(parents=True, exist_ok=True)
     for path in base.iterdir():
         shard = path.name.startswith("model-") and path.suffix == ".safetensors"
-        if path.is_file() and path.name not in WEIGHT_FILES and not shard:
+        if path.is_file() and path.name not in NOT_COPIED and not shard:
             shutil.copy2(path, out / path.name)
     model.save_pretrained(out)
     return names
@@ -50,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     merge_parser.add_argument("--base", required=True, help="the base model's directory")
     merge_parser.add_argument("--adapter", required=True, help="the adapter's directory")
     merge_parser.add_argument("--out", required=True, help="where to write the merged model")
+    merge_parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "float64"], help="of the merged weights"
+    )
     args = parser.parse_args(argv)
-    names = merge(args.base, args.adapter, args.out)
+    names = merge(args.base, args.adapter, args.out, args.dtype)
     print(f"merged {len(names)} adapters ({', '.join(names)}) into {args.out}")
     return 0
 

@@ -15,6 +15,7 @@ keys, so that GPT.from_pretrained loads model.safetensors.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,7 @@ class GPTTrainer(loop.Trainer):
     }
     RUN_DEFINING = (*loop.COMMON_RUN_DEFINING, "data", "tokenizer", "vocab_size", "block_size")
     model_class, config_class = GPT, GPTConfig
+    lora_targets = "c_attn,*.attn.c_proj"  # the attention projections
 
     def add_arguments(self, add: Any) -> None:
         add("--data", "UTF-8 text file to train on (default: Python standard library sources)")
@@ -80,6 +82,24 @@ class GPTTrainer(loop.Trainer):
     def check_settings(self, settings: dict[str, Any], given: dict[str, Any]) -> None:
         if "vocab_size" in given and settings["tokenizer"] != "bpe":
             raise SystemExit("train: --vocab-size needs --tokenizer bpe")
+        if settings["init_from"]:
+            if "tokenizer" in given or "vocab_size" in given:
+                raise SystemExit("train: --init-from brings its tokenizer; drop --tokenizer")
+            positions = _pretrained_config(Path(settings["init_from"])).block_size
+            if "block_size" not in given:  # the checkpoint's context, or the default if shorter
+                settings["block_size"] = min(settings["block_size"], positions)
+            elif settings["block_size"] > positions:
+                raise SystemExit(
+                    f"train: --block-size {settings['block_size']} exceeds the {positions} "
+                    f"positions of --init-from {settings['init_from']}"
+                )
+
+    def pretrained_settings(self, directory: Path) -> dict[str, Any]:
+        config = _pretrained_config(directory)
+        return {k: getattr(config, k) for k in self.SHAPE}
+
+    def pretrained(self, directory: Path, settings: dict[str, Any]) -> GPT:
+        return GPT.from_pretrained(directory, dtype=settings["dtype"])
 
     def prepare(self, s: dict[str, Any], saved: Path | None) -> LanguageData:
         if saved is not None:  # the checkpoint's tokenizer (a BPE is not learned again)
@@ -135,6 +155,13 @@ class GPTTrainer(loop.Trainer):
         tokenizer, prompt = data.corpus.tokenizer, s["sample_prompt"]
         text = sample_text(model, tokenizer, prompt, s["sample_tokens"], s["seed"])
         return f"--- sample (temperature 0.8) ---\n{text}"
+
+
+def _pretrained_config(directory: Path) -> GPTConfig:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise SystemExit(f"train: --init-from {directory}: no config.json there")
+    return GPTConfig.from_hf_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
 def sample_text(model: GPT, tokenizer: Any, prompt: str, n_tokens: int, seed: int) -> str:

@@ -56,16 +56,16 @@ def accumulation_weights(
 
 
 def accumulate_gradients(
-    loss_of: Callable[[Any, np.ndarray], Tensor],
-    micro_batches: Sequence[tuple[Any, np.ndarray]],
+    loss_of: Callable[..., Tensor],
+    micro_batches: Sequence[tuple[Any, ...]],
     weights: np.ndarray | None = None,
     ignore_index: int = -100,
 ) -> Tensor:
-    """Forward and backward each (x, y) of `micro_batches` with its loss weighted by k_i / K
+    """Forward and backward each micro-batch (x, ..., targets) with its loss weighted by k_i / K
     (see the module docstring), so that .grad adds up to the large batch's gradient; return the
     large batch's loss, sum_i (k_i / K) L_i.
 
-    loss_of(x, y) is a micro-batch's mean loss over its counted targets (a GPT's model(x, y)[1]).
+    loss_of(*micro_batch) is its mean loss over its counted targets (a GPT's model(x, y)[1]).
     Call optimizer.zero_grad() before and optimizer.step() after, as for one batch. weights:
     accumulation_weights(...) of the targets (computed here when None); inside a compiled step
     pass them, and every micro-batch, as the step's own arguments:
@@ -78,15 +78,15 @@ def accumulate_gradients(
             return loss
     """
     if weights is None:
-        weights = accumulation_weights([y for _, y in micro_batches], ignore_index)
+        weights = accumulation_weights([batch[-1] for batch in micro_batches], ignore_index)
     if len(weights) != len(micro_batches):
         raise ValueError(
             f"accumulate_gradients: {len(weights)} weights for {len(micro_batches)} micro-batches"
         )
     w = Tensor(weights, dtype=weights.dtype)
     total = None
-    for i, (x, y) in enumerate(micro_batches):
-        weighted = loss_of(x, y) * w[i]
+    for i, batch in enumerate(micro_batches):
+        weighted = loss_of(*batch) * w[i]
         weighted.backward()  # adds (k_i / K) dL_i into every .grad
         total = weighted if total is None else total + weighted
     return total

@@ -191,9 +191,15 @@ def adapter_state_dict(model: Module) -> dict[str, np.ndarray]:
     return state
 
 
-def save_adapter(directory: str | os.PathLike, model: Module) -> None:
-    """Write the adapters only: adapter_model.safetensors (A and B of each wrapped Linear) and
-    adapter_config.json (rank, alpha, the wrapped modules' names)."""
+def save_adapter(
+    directory: str | os.PathLike,
+    model: Module,
+    metadata: dict[str, str] | None = None,
+    base_model: str | None = None,
+) -> None:
+    """Write the adapters only: adapter_model.safetensors (A and B of each wrapped Linear, with
+    `metadata`) and adapter_config.json (rank, alpha, the wrapped modules' names, and the base
+    model's directory when given)."""
     adapters = lora_modules(model)
     if not adapters:
         raise ValueError("save_adapter: the model has no LoRA adapters (see apply_lora)")
@@ -205,7 +211,7 @@ def save_adapter(directory: str | os.PathLike, model: Module) -> None:
     (rank, alpha) = settings.pop()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_safetensors(directory / ADAPTER_WEIGHTS, adapter_state_dict(model))
+    save_safetensors(directory / ADAPTER_WEIGHTS, adapter_state_dict(model), metadata)
     config = {
         "format": _FORMAT,
         "r": rank,
@@ -213,6 +219,8 @@ def save_adapter(directory: str | os.PathLike, model: Module) -> None:
         "target_modules": [name for name, _ in adapters],
         "layout": "row vectors: y = x W + b + (lora_alpha / r) (x A) B, A (in, r), B (r, out)",
     }
+    if base_model is not None:
+        config["base_model"] = str(base_model)
     save_json_atomic(directory / ADAPTER_CONFIG, config)
 
 
@@ -225,8 +233,9 @@ def read_adapter_config(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_adapter(directory: str | os.PathLike, model: Module) -> list[str]:
-    """Wrap the modules named in `directory`'s adapter_config.json in a model without adapters
-    (freezing it, as apply_lora does) and load their A and B. Returns the wrapped names."""
+    """Load the A and B of `directory`'s adapter into the model: a model without adapters gets
+    them first (the modules adapter_config.json names are wrapped and the model frozen, as
+    apply_lora does); a model with adapters must have exactly those. Returns the names."""
     config = read_adapter_config(directory)
     arrays, _ = load_safetensors(Path(directory) / ADAPTER_WEIGHTS)
     names = config["target_modules"]
@@ -234,9 +243,11 @@ def load_adapter(directory: str | os.PathLike, model: Module) -> list[str]:
     missing = [n for n in names if n not in present]
     if missing:
         raise KeyError(f"load_adapter: the model has no module {missing} that the adapter names")
-    wrapped = apply_lora(
-        model, [_exact(n) for n in names], rank=config["r"], alpha=config["lora_alpha"]
-    )
+    if not lora_modules(model):
+        apply_lora(model, [_exact(n) for n in names], rank=config["r"], alpha=config["lora_alpha"])
+    wrapped = [name for name, _ in lora_modules(model)]
+    if wrapped != names:
+        raise KeyError(f"load_adapter: the model's adapters {wrapped} are not the file's {names}")
     for name, m in lora_modules(model):
         for part in ("lora_A", "lora_B"):
             value, param = arrays[f"{name}.{part}"], getattr(m, part)

@@ -540,6 +540,7 @@ def test_models_lora_merge_writes_a_base_checkpoint_with_the_same_logits(tmp_pat
     model = _trained_lora()
     nn.save_adapter(tmp_path / "adapter", model)
     args = ["merge", "--base", str(tmp_path / "base"), "--adapter", str(tmp_path / "adapter")]
+    args += ["--dtype", "float64"]
     assert models_lora.main([*args, "--out", str(tmp_path / "merged")]) == 0
     assert "merged 3 adapters" in capsys.readouterr().out
     merged = GPT.from_pretrained(tmp_path / "merged")
