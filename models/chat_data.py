@@ -25,7 +25,8 @@ import numpy as np
 
 from models.data import DEFAULT_MODULES, stdlib_dir
 
-SYSTEM = "You answer with the signature of the Python function asked about."
+SYSTEM = "Answer with the function's signature."
+MAX_SIGNATURE = 48  # characters: longer ones (argparse's) would dominate a small context
 
 
 def _module_name(file: str) -> str:
@@ -74,12 +75,14 @@ def conversation(name: str, signature: str) -> list[dict[str, str]]:
 
 
 def signature_conversations(
-    held_out: float = 0.1, seed: int = 0
+    held_out: float = 0.1, seed: int = 0, max_signature: int = MAX_SIGNATURE
 ) -> tuple[list[list[dict[str, str]]], list[list[dict[str, str]]]]:
-    """(train, held-out) conversations, split by function (a held-out one is never trained)."""
+    """(train, held-out) conversations, split by function (a held-out one is never trained);
+    signatures of at most max_signature characters."""
     first: dict[str, str] = {}
     for name, signature in signatures():  # a name defined twice (a property's setter): the first
-        first.setdefault(name, signature)
+        if len(signature) <= max_signature:
+            first.setdefault(name, signature)
     pairs = sorted(first.items())
     order = np.random.default_rng(seed).permutation(len(pairs))
     n_held = max(1, round(held_out * len(pairs)))

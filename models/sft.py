@@ -163,3 +163,30 @@ def sft_examples(
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(inputs, targets) of each conversation, targets only at the assistant's tokens."""
     return [loss_mask_targets(*encode_conversation(m, render, encode)) for m in conversations]
+
+
+def chatml(messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+    """ChatML, the layout SmolLM2 and Qwen2 use: <|im_start|>role\\ncontent<|im_end|>\\n per
+    message, then <|im_start|>assistant\\n when the model is to answer. The template of a model
+    directory that has no chat template of its own."""
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+END_OF_TURN = "<|im_end|>"
+
+
+def greedy_answer(
+    model: Any,
+    messages: list[dict[str, Any]],
+    render: Render,
+    encode: Encode,
+    decode: Any,
+    max_new_tokens: int = 48,
+) -> str:
+    """The model's greedy answer to a conversation that ends with the user's turn, up to the end
+    of its turn (ChatML's <|im_end|>)."""
+    ids = np.asarray(encode(render(messages, True)), dtype=np.int64)[None]
+    room = model.config.block_size - ids.shape[1]
+    out = model.generate(ids, max(0, min(max_new_tokens, room)), temperature=0.0)
+    return decode(out[0, ids.shape[1] :]).split(END_OF_TURN)[0]

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import nn
+from models import finetune_demo
 from models import lora as models_lora
 from models.gpt import GPT
 from models.train import TRAINER
@@ -131,3 +132,21 @@ def test_grad_accum_gives_the_update_of_one_larger_batch(base, compile, monkeypa
     a = np.concatenate([p.data.ravel() for p in accumulated.parameters()])
     b = np.concatenate([p.data.ravel() for p in one.parameters()])
     assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b)
+
+
+def test_sft_trains_the_assistant_tokens_only_and_the_demo_moves_the_held_out_metric(
+    tmp_path, capsys
+):
+    assert finetune_demo.main(["--quick", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    rows = {
+        line.split("|")[1].strip(): float(line.split("|")[2])
+        for line in printed.splitlines()
+        if line.startswith("| ") and line.split("|")[2].strip()[:1].isdigit()
+    }
+    assert rows["LoRA r 8"] < rows["pretrained"] and rows["full"] < rows["pretrained"] - 0.5
+    assert "432 training conversations, 48 held-out functions" in printed
+    assert sorted(p.name for p in (tmp_path / "lora").iterdir())[:2] == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
