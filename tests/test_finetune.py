@@ -22,6 +22,7 @@ from models import chat_data
 from models import lora as models_lora
 from models.gpt import GPT, IGNORE_INDEX, GPTConfig
 from models.sft import (
+    chatml,
     conversation_segments,
     encode_conversation,
     loss_mask_targets,
@@ -473,12 +474,6 @@ def test_a_user_token_changes_the_assistant_loss_but_is_never_a_target():
     assert not np.allclose(l0[4:7], l1[4:7])
 
 
-def _chatml(messages, add_generation_prompt):
-    """ChatML, as SmolLM2's template writes it: <|im_start|>role\ncontent<|im_end|>\n."""
-    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
-
-
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "2+2?"},
@@ -489,25 +484,25 @@ CONVERSATION = [
 
 
 def test_the_template_locates_every_assistant_turn_and_its_end_marker():
-    segments = conversation_segments(CONVERSATION, _chatml)
+    segments = conversation_segments(CONVERSATION, chatml)
     assert [text for text, trained in segments if trained] == ["4<|im_end|>\n", "6<|im_end|>\n"]
-    assert "".join(text for text, _ in segments) == _chatml(CONVERSATION, False)
+    assert "".join(text for text, _ in segments) == chatml(CONVERSATION, False)
     assert segments[0] == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
         "<|im_start|>assistant\n",
         False,
     )
     encode = lambda text: [ord(c) for c in text]  # noqa: E731  (one token per character)
-    tokens, trained = encode_conversation(CONVERSATION, _chatml, encode)
+    tokens, trained = encode_conversation(CONVERSATION, chatml, encode)
     assert "".join(chr(t) for t in tokens[trained]) == "4<|im_end|>\n6<|im_end|>\n"
 
 
 def test_conversation_errors_are_clear(tmp_path):
     merging = lambda text: [ord(c) for c in text.replace("\n4", "\x00")]  # noqa: E731
     with pytest.raises(ValueError, match="encode differently from the whole text"):
-        encode_conversation(CONVERSATION, _chatml, merging)
+        encode_conversation(CONVERSATION, chatml, merging)
     with pytest.raises(ValueError, match="no assistant message"):
-        conversation_segments(CONVERSATION[:2], _chatml)
+        conversation_segments(CONVERSATION[:2], chatml)
     path = tmp_path / "chat.jsonl"
     path.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n', "utf-8")
     with pytest.raises(ValueError, match="chat.jsonl:1: the conversation has no assistant"):
