@@ -114,9 +114,15 @@ def _matches(name: str, pattern: str) -> bool:
 
 
 def _set_child(model: Module, name: str, module: Module) -> None:
+    """Put `module` where `name` is, and in every other attribute of the parent that held the
+    old one (a second name the forward reads it by, e.g. Llama's o_proj read as c_proj)."""
     parent_name, _, child = name.rpartition(".")
     parent = dict(model.named_modules())[parent_name] if parent_name else model
+    old = parent._modules[child]
     setattr(parent, child, module)
+    for attr, value in list(vars(parent).items()):
+        if value is old:
+            object.__setattr__(parent, attr, module)
 
 
 def apply_lora(

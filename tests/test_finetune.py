@@ -545,3 +545,29 @@ def test_models_lora_merge_writes_a_base_checkpoint_with_the_same_logits(tmp_pat
     np.testing.assert_allclose(merged(x)[0].data, model(x)[0].data, rtol=1e-12, atol=1e-13)
     with pytest.raises(ValueError, match="--out must not be the --base"):
         models_lora.merge(tmp_path / "base", tmp_path / "adapter", tmp_path / "base")
+
+
+class _Aliased(nn.Module):
+    """A layer registered under one name and read by another (as Llama's o_proj is read as
+    c_proj by the forward written for GPT-2's names)."""
+
+    def __init__(self):
+        super().__init__()
+        self.o_proj = nn.Linear(4, 4, rng=np.random.default_rng(0))
+        object.__setattr__(self, "c_proj", self.o_proj)
+
+    def forward(self, x):
+        return self.c_proj(x)
+
+
+def test_lora_replaces_a_layer_under_every_name_the_forward_reads():
+    layer = _Aliased()
+    nn.apply_lora(layer, "o_proj", rank=2, alpha=2.0)
+    assert layer.c_proj is layer.o_proj and isinstance(layer.c_proj, nn.LoRA)
+    layer.o_proj.lora_B.data = np.ones((2, 4))
+    x = Tensor(np.ones((1, 4)))
+    assert not np.allclose(
+        layer(x).data, autograd.functional.linear(x, layer.o_proj.weight, layer.o_proj.bias).data
+    )
+    nn.unload_lora(layer)
+    assert layer.c_proj is layer.o_proj and type(layer.c_proj) is nn.Linear
