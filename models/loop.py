@@ -310,9 +310,8 @@ class Trainer:
         "grad_accum": 1,
     }
     RUN_DEFINING: tuple[str, ...] = COMMON_RUN_DEFINING
-    # The shape settings a checkpoint fixes (--init-from), and the Linears LoRA adapts by default.
+    # The shape settings a checkpoint fixes (--init-from).
     SHAPE: tuple[str, ...] = ("n_layer", "n_head", "n_embd")
-    lora_targets = "*"
     betas = (0.9, 0.99)
     # BLAS threads for the whole run (None: as the caller has it). One suits small products: a
     # second thread cost 3x on a busy machine (docs/seq2seq.md).
@@ -455,7 +454,8 @@ class Trainer:
         add("--lora-alpha", "LoRA's update is (alpha / rank) A B", type=float)
         add(
             "--lora-targets",
-            f"comma-separated Linear names or globs to adapt (default {self.lora_targets!r})",
+            "comma-separated Linear names or globs to adapt (default: the attention projections, "
+            f"{','.join(nn.lora.ATTENTION_PROJECTIONS)}, those the model has)",
         )
         add("--grad-accum", "micro-batches per step, each --batch-size rows", type=int)
         add("--resume", "continue the run saved in --out", action="store_true")
@@ -494,8 +494,6 @@ class Trainer:
         if settings["min_lr"] is None:
             settings["min_lr"] = settings["lr"] / 10
         settings["warmup"] = min(settings["warmup"], settings["steps"])
-        if settings["lora_targets"] is None:
-            settings["lora_targets"] = self.lora_targets
         if settings["lora_rank"] is not None and not settings["init_from"]:
             raise SystemExit(f"{self.name}: --lora-rank adapts a trained model: give --init-from")
         if settings["init_from"] and not args.resume:
@@ -599,10 +597,11 @@ class Trainer:
                 raise SystemExit(f"{self.name}: --freeze: {exc.args[0]}") from None
         if settings["lora_rank"] is not None:
             rng = np.random.default_rng(settings["seed"])
+            targets = settings["lora_targets"] or nn.lora.attention_projections(model)
             try:
                 nn.apply_lora(
                     model,
-                    settings["lora_targets"],
+                    targets,
                     settings["lora_rank"],
                     settings["lora_alpha"],
                     rng=rng,

@@ -95,7 +95,6 @@ class GPTTrainer(loop.Trainer):
         "block_size",
     )
     model_class, config_class = GPT, GPTConfig
-    lora_targets = "c_attn,*.attn.c_proj"  # the attention projections
 
     def add_arguments(self, add: Any) -> None:
         add("--data", "UTF-8 text file to train on (default: Python standard library sources)")

@@ -33,6 +33,9 @@ from nn.checkpoint import load_safetensors, save_json_atomic, save_safetensors
 from nn.layers import Linear
 from nn.module import Module, Parameter
 
+# The attention projections of the two families' layouts: GPT-2's fused q|k|v and its output
+# projection (not the MLP's c_proj), the Llama family's four.
+ATTENTION_PROJECTIONS = ("c_attn", "*.attn.c_proj", "q_proj", "k_proj", "v_proj", "o_proj")
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 _FORMAT = "glassgrad-lora"
@@ -154,6 +157,13 @@ def apply_lora(
             _set_child(model, name, LoRA(linear, rank, alpha, rng=rng))
             wrapped.append(name)
     return wrapped
+
+
+def attention_projections(model: Module) -> list[str]:
+    """The patterns of ATTENTION_PROJECTIONS that name Linears of this model (LoRA's usual
+    targets: "c_attn,*.attn.c_proj" for GPT-2, "q_proj,k_proj,v_proj,o_proj" for Llama)."""
+    names = [name for name, m in model.named_modules() if type(m) is Linear]
+    return [p for p in ATTENTION_PROJECTIONS if any(_matches(name, p) for name in names)]
 
 
 def lora_modules(model: Module) -> list[tuple[str, LoRA]]:

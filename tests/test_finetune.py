@@ -312,6 +312,13 @@ def test_lora_adapter_saved_alone_and_loaded(tmp_path):
     assert fresh.parameter_counts() == model.parameter_counts()
 
 
+def test_the_default_targets_are_the_attention_projections():
+    assert nn.lora.attention_projections(_gpt()) == ["c_attn", "*.attn.c_proj"]
+    model = _gpt()
+    wrapped = nn.apply_lora(model, nn.lora.attention_projections(model))
+    assert wrapped == [f"transformer.h.{i}.attn.{m}" for i in (0, 1) for m in ("c_attn", "c_proj")]
+
+
 def test_lora_errors():
     with pytest.raises(KeyError, match=r"no Linear matches \['q_proj'\]"):
         nn.apply_lora(_gpt(), "q_proj")
