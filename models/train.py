@@ -122,12 +122,11 @@ class GPTTrainer(loop.Trainer):
             if "tokenizer" in given or "vocab_size" in given:
                 raise SystemExit("train: --init-from brings its tokenizer; drop --tokenizer")
             positions = _pretrained_config(Path(settings["init_from"])).block_size
-            if "block_size" not in given:  # --sft: the checkpoint's context (a conversation is
-                # padded to it); text: the default windows, or the checkpoint's if shorter
+            settings["positions"] = positions
+            if "block_size" not in given:  # --sft: the longest conversation (set when the data
+                # is read); text: the default windows, or the checkpoint's if shorter
                 chat = settings["sft"] is not None
-                settings["block_size"] = (
-                    positions if chat else min(settings["block_size"], positions)
-                )
+                settings["block_size"] = None if chat else min(settings["block_size"], positions)
             elif settings["block_size"] > positions:
                 raise SystemExit(
                     f"train: --block-size {settings['block_size']} exceeds the {positions} "
@@ -241,17 +240,26 @@ def _chat_data(s: dict[str, Any], tokenizer: Any) -> ChatData:
     train = [conversations[i] for i in order[n_val:]]
     if not train:
         raise SystemExit(f"train: --sft {s['sft']}: too few conversations to hold some out")
-    examples = {}
-    for name, convs in (("train", train), ("val", held)):
-        encoded = sft_examples(convs, chatml, tokenizer.encode)
-        longest = max(len(x) for x, _ in encoded)
-        if longest > s["block_size"]:  # cutting it would lose (part of) its answer: refuse
-            raise SystemExit(
-                f"train: --sft {s['sft']}: a conversation is {longest} tokens long, more than "
-                f"--block-size {s['block_size']}; raise --block-size (up to the model's "
-                "positions) or shorten the conversations"
+    try:
+        examples = {
+            name: sft_examples(c, chatml, tokenizer.encode)
+            for name, c in (("train", train), ("val", held))
+        }
+    except ValueError as exc:  # a character or token the base model's tokenizer lacks
+        raise SystemExit(f"train: --sft {s['sft']}: {exc}") from None
+    longest = max(len(x) for e in examples.values() for x, _ in e)
+    positions = s["positions"]  # the base model's (check_settings read them)
+    if s["block_size"] is None:  # every batch padded to the longest conversation: one shape
+        s["block_size"] = longest
+    if longest > min(s["block_size"], positions):  # cutting it would lose its answer: refuse
+        raise SystemExit(
+            f"train: --sft {s['sft']}: a conversation is {longest} tokens long, more than "
+            + (
+                f"the model's {positions} positions"
+                if longest > positions
+                else f"--block-size {s['block_size']} (raise it, up to {positions})"
             )
-        examples[name] = encoded
+        )
     pad_id = tokenizer.eot_id if getattr(tokenizer, "eot_id", None) is not None else 0
     evals = {
         name: [

@@ -5,16 +5,17 @@ import numpy as np
 import pytest
 
 import nn
-from models import finetune_demo
+from models import chat_data, finetune_demo
 from models import lora as models_lora
 from models.gpt import GPT
+from models.sft import chatml
 from models.train import TRAINER
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n"
     "def sub(a, b):\n    return a - b\n\n"
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
-) * 40
+) * 40 + chatml(chat_data.conversation("a.f", "f(x)"))  # every character a chat needs
 TINY = ["--steps", "6", "--batch-size", "4", "--block-size", "16", "--eval-every", "3"]
 TINY += ["--eval-batches", "1", "--sample-tokens", "0", "--dtype", "float64", "--lr", "1e-2"]
 
@@ -150,3 +151,17 @@ def test_sft_trains_the_assistant_tokens_only_and_the_demo_moves_the_held_out_me
         "adapter_config.json",
         "adapter_model.safetensors",
     ]
+
+
+def test_sft_refuses_a_conversation_the_model_cannot_hold(base, tmp_path):
+    directory, _ = base
+    chats = tmp_path / "chats.jsonl"
+    chat_data.write_jsonl(chats, [chat_data.conversation("a.f", "f(x)")] * 4)
+    argv = ["--init-from", str(directory), "--sft", str(chats), "--steps", "1", "--out", ""]
+    with pytest.raises(SystemExit, match=r"tokens long, more than the model's 16 positions"):
+        _fit(argv)
+    with pytest.raises(SystemExit, match="--sft and --data are two kinds of data"):
+        _settings([*argv, "--data", str(chats)])
+    chat_data.write_jsonl(chats, [chat_data.conversation("a.f", "f(\u00e9)")] * 4)
+    with pytest.raises(SystemExit, match=r"chats.jsonl: CharTokenizer.encode: 1 character"):
+        _fit(argv)
