@@ -1,20 +1,26 @@
-"""Tokenizers: one token per character (CharTokenizer) or GPT-2's byte-level BPE (BPETokenizer).
+"""Tokenizers: one token per character (CharTokenizer) or byte-level BPE (BPETokenizer).
 
 Tokens are indices, not meanings (notes 2.1): id 17 and id 18 are no closer in sense than 17 and 90.
 A character vocabulary keeps the demo small and every token visible; the price is long sequences.
 BPE (docs/tokenizer.md) starts from the 256 byte values and adds one token per learned merge of
 the most frequent adjacent pair, so frequent words become single tokens and any text, in any
-script, still has an encoding. A checkpoint directory holds one of the two: `tokenizer.json`
-(characters) or GPT-2's `vocab.json` + `merges.txt` (BPE); save_tokenizer / load_tokenizer pick
-the right files, so a sampler decodes exactly the ids the model was trained on.
+script, still has an encoding. BPETokenizer learns GPT-2's kind, reads GPT-2's vocab.json +
+merges.txt, and reads Hugging Face's tokenizer.json for the byte-level BPE models since (Llama 3,
+Qwen2, SmolLM2: their own split patterns, added tokens such as <|im_start|>), with the chat
+template of tokenizer_config.json (models.chat_template). A checkpoint directory holds one of
+them: the character `tokenizer.json`, GPT-2's two files or Hugging Face's `tokenizer.json`;
+save_tokenizer / load_tokenizer pick the right files, so a sampler decodes exactly the ids the
+model was trained on.
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import unicodedata
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -23,6 +29,7 @@ import numpy as np
 import regex
 
 import nn
+from models.chat_template import render_chat_template
 
 
 class CharTokenizer:
@@ -162,13 +169,33 @@ def _merge(parts: list[str], a: str, b: str) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class AddedToken:
+    """A token matched whole in the text before pre-tokenization, never split or merged.
+
+    GPT-2 has one, <|endoftext|>; Hugging Face's files list more (Qwen2's <|im_start|>, Llama 3's
+    <|eot_id|>, ...). `special` ones are dropped by decode(skip_special_tokens=True); `normalized`
+    ones are looked for in the normalized text (after NFC), the others in the text as given.
+    """
+
+    content: str
+    id: int
+    special: bool = True
+    normalized: bool = False
+
+
 class BPETokenizer:
-    """GPT-2's byte-level BPE: learn it with train, or load GPT-2's files with from_pretrained.
+    """Byte-level BPE: learn GPT-2's kind with train, or load GPT-2's or Hugging Face's files.
 
     Tokens are strings over GPT-2's byte alphabet (bytes_to_unicode): 'Ġthe' is the bytes of
     " the". vocab maps token -> id; merges lists the learned pairs, earliest (most frequent when
-    learned) first. <|endoftext|> has an id of its own and is never made by merges (no piece of
-    GPT2_PATTERN can hold it); encode emits it only where allowed_special asks for it.
+    learned) first. Added tokens (<|endoftext|> in GPT-2) have ids of their own and are never
+    made by merges; encode emits them only where allowed_special asks for them.
+
+    What a tokenizer.json adds (from_pretrained reads it): `pre_tokenizer`, the split patterns
+    applied in turn (GPT-2's one by default; Llama 3 and Qwen2 have their own), an NFC
+    `normalizer`, `ignore_merges` (a piece that is a whole token is that token, as in Llama 3),
+    and the ids a post-processor puts around the text (`bos` / `eos`, for add_special_tokens).
 
     >>> tok = BPETokenizer.train("low lower lowest " * 20, vocab_size=262)
     >>> tok.merges  # ties: (l, o) before (o, w) at 60 pairs; (s, t) first at 20, as 's' < 'Ġ'
@@ -181,28 +208,60 @@ class BPETokenizer:
 
     kind = "bpe"
 
-    def __init__(self, vocab: dict[str, int], merges: Iterable[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        merges: Iterable[tuple[str, str]],
+        *,
+        added_tokens: Iterable[AddedToken] | None = None,
+        pre_tokenizer: Iterable[str] = (GPT2_PATTERN,),
+        normalizer: str | None = None,
+        ignore_merges: bool = False,
+        bos: Iterable[int] = (),
+        eos: Iterable[int] = (),
+    ) -> None:
         """From a vocabulary and a merge list (train and from_pretrained make these; the
-        latter checks each merge against the vocabulary, with the line it came from)."""
+        latter checks each merge against the vocabulary, with where it came from). Without
+        added_tokens, <|endoftext|> is the one added token if the vocabulary has it (GPT-2)."""
+        if added_tokens is None:
+            added_tokens = [AddedToken(t, vocab[t]) for t in (END_OF_TEXT,) if t in vocab]
+        self.added_tokens: dict[str, AddedToken] = {t.content: t for t in added_tokens}
         missing = [t for t in _BYTE_TOKENS if t not in vocab]
         if missing:
             raise ValueError(f"the vocabulary lacks {len(missing)} byte token(s): {missing[:8]}")
         bad = {t: i for t, i in vocab.items() if type(i) is not int or i < 0}
         if bad:
             raise ValueError(f"ids must be non-negative integers: {list(bad.items())[:5]}")
+        if normalizer not in (None, "NFC"):
+            raise ValueError(f"unsupported normalizer {normalizer!r} (None or 'NFC')")
         self.vocab: dict[str, int] = dict(vocab)
         self.merges: list[tuple[str, str]] = [tuple(m) for m in merges]
+        self.pre_tokenizer: tuple[str, ...] = tuple(pre_tokenizer)
+        self.normalizer, self.ignore_merges = normalizer, ignore_merges
+        self.bos, self.eos = list(bos), list(eos)
         self._ranks = {pair: rank for rank, pair in enumerate(self.merges)}
+        self._patterns = [regex.compile(p) for p in self.pre_tokenizer]
         self._bytes: dict[int, bytes] = {}  # id -> the bytes it decodes to
         for token, i in self.vocab.items():
             if i in self._bytes:
                 raise ValueError(f"id {i} is given to two tokens, one of them {token!r}")
-            if any(c not in _CHAR_BYTE for c in token):
+            if token not in self.added_tokens and any(c not in _CHAR_BYTE for c in token):
                 raise ValueError(f"token {token!r} (id {i}) is not over GPT-2's byte alphabet")
-            self._bytes[i] = bytes(_CHAR_BYTE[c] for c in token)
-        self.special_tokens = {t: self.vocab[t] for t in (END_OF_TEXT,) if t in self.vocab}
+            self._bytes[i] = _token_bytes(token)
+        for added in self.added_tokens.values():  # beside the vocabulary, or in it (SmolLM2)
+            if self._bytes.setdefault(added.id, _token_bytes(added.content)) != _token_bytes(
+                added.content
+            ):
+                raise ValueError(
+                    f"added token {added.content!r} has id {added.id}, which is another token's"
+                )
         self._vocab_size = max(self._bytes) + 1
         self._cache: dict[str, list[int]] = {}  # pre-tokenized piece -> its ids
+        # What tokenizer_config.json gives the chat template: its text and the special tokens'
+        # names it may use (bos_token, eos_token, ...); from_pretrained fills them in.
+        self.chat_template: str | None = None
+        self.template_tokens: dict[str, str] = {}
+        self._hf_files: dict[str, str] = {}  # Hugging Face's files as read: name -> text
 
     # --- learning -------------------------------------------------------------------------------
 
@@ -282,51 +341,84 @@ class BPETokenizer:
     @property
     def eot_id(self) -> int | None:
         """The id of <|endoftext|> (50256 in GPT-2), or None if the vocabulary has none."""
-        return self.special_tokens.get(END_OF_TEXT)
+        added = self.added_tokens.get(END_OF_TEXT)
+        return added.id if added else None
 
-    def encode(self, text: str, allowed_special: Collection[str] | str = ()) -> list[int]:
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """The added tokens marked special (skip_special_tokens drops them): name -> id."""
+        return {t.content: t.id for t in self.added_tokens.values() if t.special}
+
+    def encode(
+        self,
+        text: str,
+        allowed_special: Collection[str] | str = (),
+        add_special_tokens: bool = False,
+    ) -> list[int]:
         """Token ids of text.
 
-        Special-token text such as "<|endoftext|>" is ordinary text by default (encoded as the
+        Added-token text such as "<|endoftext|>" is ordinary text by default (encoded as the
         bytes it is made of, like tiktoken's encode_ordinary), so text from a file or a user can
         never inject a control token. Name the tokens to recognise in allowed_special (a
         collection of names, or "all"): encode("a<|endoftext|>b", allowed_special="all") gives
-        the ids of "a", the one id of <|endoftext|>, then those of "b".
+        the ids of "a", the one id of <|endoftext|>, then those of "b". Hugging Face's
+        `tokenizers` recognises every added token: its encode(text, add_special_tokens=False)
+        is encode(text, allowed_special="all") here. add_special_tokens=True puts the ids of the
+        file's post-processor around the text (Llama 3's <|begin_of_text|> before it).
         """
         if allowed_special == "all":
-            allowed = set(self.special_tokens)
+            allowed = set(self.added_tokens)
         else:
             allowed = (
                 {allowed_special} if isinstance(allowed_special, str) else set(allowed_special)
             )
-        unknown = allowed - set(self.special_tokens)
+        unknown = allowed - set(self.added_tokens)
         if unknown:
+            names = sorted(self.added_tokens)
+            more = f" and {len(names) - 8} more" if len(names) > 8 else ""
             raise ValueError(
                 f"BPETokenizer.encode: unknown special token(s) {sorted(unknown)}; this "
-                f"vocabulary has {sorted(self.special_tokens)}"
+                f"vocabulary has {names[:8]}{more}"
             )
-        if not allowed:
-            return self._encode_ordinary(text)
-        # A capturing split keeps the specials: odd positions hold them.
-        names = "|".join(regex.escape(t) for t in sorted(allowed, key=len, reverse=True))
-        ids: list[int] = []
-        for i, part in enumerate(regex.split(f"({names})", text)):
-            ids += [self.special_tokens[part]] if i % 2 else self._encode_ordinary(part)
-        return ids
+        raw = [t for t in allowed if not self.added_tokens[t].normalized]
+        normalized = [t for t in allowed if self.added_tokens[t].normalized]
+        ids = list(self.bos) if add_special_tokens else []
+        # Hugging Face's order: the added tokens found in the text as given, the normalizer on
+        # the rest, then the added tokens that are looked for in normalized text.
+        for part, is_added in _split_on(raw, text):
+            if is_added:
+                ids.append(self.added_tokens[part].id)
+                continue
+            for piece, is_added in _split_on(normalized, self._normalize(part)):
+                ids += [self.added_tokens[piece].id] if is_added else self._encode_ordinary(piece)
+        return ids + list(self.eos) if add_special_tokens else ids
+
+    def _normalize(self, text: str) -> str:
+        return unicodedata.normalize("NFC", text) if self.normalizer == "NFC" else text
 
     def _encode_ordinary(self, text: str) -> list[int]:
         ids: list[int] = []
         cache = self._cache
-        for piece in _PIECES.findall(text):
+        for piece in self._pre_tokenize(text):
             piece_ids = cache.get(piece)
             if piece_ids is None:  # text repeats its words: each is merged once
                 piece_ids = cache[piece] = [self.vocab[t] for t in self._bpe(piece)]
             ids += piece_ids
         return ids
 
+    def _pre_tokenize(self, text: str) -> list[str]:
+        """Cut text by each pattern in turn: every match is a piece, and so is each stretch
+        between two matches (Hugging Face's "Isolated" split; GPT-2's pattern leaves none)."""
+        pieces = [text] if text else []
+        for pattern in self._patterns:
+            pieces = [cut for piece in pieces for cut in _isolated(pattern, piece)]
+        return pieces
+
     def _bpe(self, piece: str) -> list[str]:
         """GPT-2's merge loop: apply the earliest-learned merge present, until none applies."""
         parts = [_BYTE_CHAR[b] for b in piece.encode("utf-8")]
+        if self.ignore_merges and "".join(parts) in self.vocab:
+            return ["".join(parts)]  # Llama 3: a piece that is a token is taken whole
         ranks, never = self._ranks, len(self._ranks)
         while len(parts) > 1:
             pair = min(pairwise(parts), key=lambda p: ranks.get(p, never))
@@ -335,31 +427,87 @@ class BPETokenizer:
             parts = _merge(parts, *pair)
         return parts
 
-    def decode(self, ids: Any) -> str:
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
         """The text of a sequence of ids. Bytes that do not form UTF-8 (a sequence cut inside a
-        character) become U+FFFD, as in GPT-2; an id outside the vocabulary is an error."""
+        character) become U+FFFD, as in GPT-2; an id outside the vocabulary is an error.
+        skip_special_tokens drops the added tokens marked special, as Hugging Face's does."""
+        return self.decode_bytes(ids, skip_special_tokens).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids: Any, skip_special_tokens: bool = False) -> bytes:
+        """The bytes of a sequence of ids, before UTF-8 decoding. A streamer that prints tokens
+        as they are sampled feeds these to an incremental UTF-8 decoder, so that a character
+        cut across tokens (an emoji is often two to four) is printed once, whole."""
         ids = np.asarray(ids)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
             raise ValueError(
                 f"BPETokenizer.decode: expected a 1-D integer sequence, got shape {ids.shape} "
                 f"dtype {ids.dtype}"
             )
+        ids = ids.tolist()
+        if skip_special_tokens:
+            skip = set(self.special_tokens.values())
+            ids = [i for i in ids if i not in skip]
         try:
-            data = b"".join([self._bytes[i] for i in ids.tolist()])
+            return b"".join([self._bytes[i] for i in ids])
         except KeyError as exc:
             raise ValueError(
                 f"BPETokenizer.decode: id {exc.args[0]} is not in the vocabulary "
-                f"({len(self.vocab)} tokens, ids below {self.vocab_size})"
+                f"({len(self._bytes)} tokens, ids below {self.vocab_size})"
             ) from None
-        return data.decode("utf-8", errors="replace")
 
-    # --- GPT-2's files --------------------------------------------------------------------------
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = False,
+        tokenize: bool = True,
+        chat_template: str | None = None,
+        **variables: Any,
+    ) -> list[int] | str:
+        """A conversation as the model was trained to read it, rendered as Hugging Face does.
+
+        messages: [{"role": "system" | "user" | "assistant", "content": str}, ...].
+        add_generation_prompt ends the text with the header of the assistant's turn, so that the
+        model writes the reply next. The template is tokenizer_config.json's (or chat_template);
+        it sees messages, add_generation_prompt, the special tokens' names (bos_token,
+        eos_token, ...) and any further keyword (tools=[...], date_string="26 Jul 2024").
+        Returns the ids (the text encoded with every added token recognised and nothing put
+        around it: the template writes its own <|begin_of_text|>), or the text if not tokenize.
+        """
+        template = chat_template or self.chat_template
+        if template is None:
+            raise ValueError(
+                "BPETokenizer.apply_chat_template: this tokenizer has no chat template (none in "
+                "tokenizer_config.json or chat_template.jinja); pass chat_template="
+            )
+        text = render_chat_template(
+            template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            **{**self.template_tokens, **variables},
+        )
+        return self.encode(text, allowed_special="all") if tokenize else text
+
+    # --- files: GPT-2's vocab.json + merges.txt, or Hugging Face's tokenizer.json ---------------
+
+    @property
+    def file_names(self) -> list[str]:
+        """The files save writes: GPT-2's two, or the Hugging Face files it was read from."""
+        return list(self._hf_files) or ["vocab.json", "merges.txt"]
 
     def save(self, directory: str | Path) -> None:
-        """Write vocab.json (token -> id, in id order) and merges.txt (a '#version: 0.2' line,
-        then one 'left right' pair per line, earliest first): GPT-2's and Hugging Face's format."""
+        """Write the tokenizer's files (file_names) into directory.
+
+        A tokenizer learned here or read from GPT-2's files: vocab.json (token -> id, in id
+        order) and merges.txt (a '#version: 0.2' line, then one 'left right' pair per line,
+        earliest first), GPT-2's and Hugging Face's format. One read from Hugging Face's
+        tokenizer.json: that file and tokenizer_config.json (and chat_template.jinja) as read.
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if self._hf_files:
+            for name, text in self._hf_files.items():
+                nn.save_text_atomic(directory / name, text)
+            return
         vocab = dict(sorted(self.vocab.items(), key=lambda item: item[1]))
         nn.save_text_atomic(
             directory / "vocab.json", json.dumps(vocab, indent=2, ensure_ascii=False) + "\n"
@@ -369,14 +517,23 @@ class BPETokenizer:
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> BPETokenizer:
-        """Load vocab.json + merges.txt from a directory: one written by save, or GPT-2's own
-        (a Hugging Face download of gpt2 has both beside config.json and model.safetensors)."""
+        """Load a tokenizer directory: Hugging Face's tokenizer.json (+ tokenizer_config.json,
+        for the chat template) if it has one, else GPT-2's vocab.json + merges.txt (a directory
+        written by save, or GPT-2's own: a download of gpt2 has all three, which agree)."""
         directory = Path(directory)
+        data = _read_tokenizer_json(directory)
+        if _is_hf(data):
+            return _read_hf_tokenizer(directory, data)
         vocab_path, merges_path = directory / "vocab.json", directory / "merges.txt"
         missing = [p.name for p in (vocab_path, merges_path) if not p.is_file()]
+        if len(missing) == 2:
+            raise FileNotFoundError(
+                f"BPETokenizer.from_pretrained: {directory} has no tokenizer.json (Hugging "
+                "Face's) and no vocab.json + merges.txt (GPT-2's)"
+            )
         if missing:
             raise FileNotFoundError(
-                f"BPETokenizer.from_pretrained: {directory} has no {' and no '.join(missing)}"
+                f"BPETokenizer.from_pretrained: {directory} has no {missing[0]}"
             )
         vocab = _read_vocab(vocab_path)
         merges = _read_merges(merges_path, vocab)
@@ -386,7 +543,46 @@ class BPETokenizer:
             raise ValueError(f"{vocab_path}: {exc}") from None
 
     def __repr__(self) -> str:
-        return f"BPETokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)})"
+        return (
+            f"BPETokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
+            f"added_tokens={len(self.added_tokens)})"
+        )
+
+
+def _token_bytes(token: str) -> bytes:
+    """The bytes a token stands for: each character through GPT-2's byte alphabet, or, for an
+    added token with a character outside it, its UTF-8 (Hugging Face's ByteLevel decoder)."""
+    if all(c in _CHAR_BYTE for c in token):
+        return bytes(_CHAR_BYTE[c] for c in token)
+    return token.encode("utf-8")
+
+
+def _split_on(names: Collection[str], text: str) -> list[tuple[str, bool]]:
+    """text cut at each occurrence of the added tokens `names`: (part, is it one of them).
+    The longest name wins where several start at one place (Hugging Face's leftmost-longest)."""
+    if not names:
+        return [(text, False)]
+    alternatives = "|".join(regex.escape(t) for t in sorted(names, key=len, reverse=True))
+    parts = regex.split(f"({alternatives})", text)  # the capturing group keeps the names
+    return [(part, i % 2 == 1) for i, part in enumerate(parts) if part or i % 2]
+
+
+def _isolated(pattern: regex.Pattern, text: str) -> list[str]:
+    """Each match of pattern in text, and each non-empty stretch between matches, in order."""
+    if not pattern.groups:  # findall is faster, and enough when the matches tile the text
+        pieces = pattern.findall(text)
+        if sum(map(len, pieces)) == len(text):
+            return pieces
+    pieces, end = [], 0
+    for match in pattern.finditer(text):
+        if match.start() > end:
+            pieces.append(text[end : match.start()])
+        if match.end() > match.start():
+            pieces.append(match.group())
+        end = match.end()
+    if end < len(text):
+        pieces.append(text[end:])
+    return pieces
 
 
 def _read_text(path: Path) -> str:
@@ -396,11 +592,15 @@ def _read_text(path: Path) -> str:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def _read_vocab(path: Path) -> dict[str, int]:
+def _read_json(path: Path) -> Any:
     try:
-        vocab = json.loads(_read_text(path))
+        return json.loads(_read_text(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
+
+
+def _read_vocab(path: Path) -> dict[str, int]:
+    vocab = _read_json(path)
     if not isinstance(vocab, dict):
         raise ValueError(f"{path}: expected a JSON object of token -> id")
     return vocab
@@ -428,35 +628,208 @@ def _read_merges(path: Path, vocab: dict[str, int]) -> list[tuple[str, str]]:
     return list(merges)
 
 
+# --- Hugging Face's tokenizer.json ----------------------------------------------------------------
+# One JSON file for the whole pipeline: added tokens, normalizer, pre-tokenizer, the BPE model
+# (vocab + merges), post-processor, decoder. Read here: the byte-level BPE pipelines of GPT-2,
+# Llama 3, Qwen2 and SmolLM2; any other setting is refused by name rather than run differently.
+
+_SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                        "cls_token", "mask_token")  # fmt: skip
+
+
+def _read_tokenizer_json(directory: Path) -> Any:
+    """directory/tokenizer.json parsed, or None if there is none: Hugging Face's (a dict with a
+    "model") or the character tokenizer's."""
+    path = directory / "tokenizer.json"
+    return _read_json(path) if path.is_file() else None
+
+
+def _is_hf(data: Any) -> bool:
+    return isinstance(data, dict) and "model" in data
+
+
+def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
+    """A BPETokenizer from directory/tokenizer.json (parsed: data), with tokenizer_config.json's
+    chat template and special-token names (or chat_template.jinja's template, kept apart in
+    newer downloads)."""
+    path = directory / "tokenizer.json"
+
+    def refuse(field: str, value: Any, supported: str) -> ValueError:
+        return ValueError(
+            f"{path}: {field} = {json.dumps(value)[:120]} is not supported ({supported})"
+        )
+
+    model = data.get("model")
+    if not isinstance(model, dict) or model.get("type") != "BPE":
+        raise refuse("model.type", (model or {}).get("type"), "byte-level 'BPE' only")
+    for field, allowed in [
+        ("dropout", (None, 0, 0.0)),
+        ("continuing_subword_prefix", (None, "")),
+        ("end_of_word_suffix", (None, "")),
+        ("byte_fallback", (None, False)),
+    ]:
+        if model.get(field) not in allowed:
+            raise refuse(f"model.{field}", model[field], f"only {allowed[0]!r}")
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict):
+        raise ValueError(f"{path}: model.vocab must be an object of token -> id")
+    merges = []
+    for i, merge in enumerate(model.get("merges", [])):
+        pair = tuple(merge.split(" ")) if isinstance(merge, str) else tuple(merge)
+        if len(pair) != 2 or not all(isinstance(p, str) and p for p in pair):
+            raise ValueError(f"{path}: model.merges[{i}] = {merge!r} is not a pair of tokens")
+        for token in (*pair, pair[0] + pair[1]):
+            if token not in vocab:
+                raise ValueError(
+                    f"{path}: model.merges[{i}] {merge!r}: {token!r} is not in the vocab"
+                )
+        merges.append(pair)
+    added = []
+    for i, entry in enumerate(data.get("added_tokens") or []):
+        if not isinstance(entry.get("content"), str) or type(entry.get("id")) is not int:
+            raise ValueError(f"{path}: added_tokens[{i}] needs a string content and an int id")
+        for flag in ("single_word", "lstrip", "rstrip"):
+            if entry.get(flag):
+                raise refuse(f"added_tokens[{i}].{flag} ({entry['content']!r})", True, "false only")
+        special = bool(entry.get("special"))
+        added.append(
+            AddedToken(entry["content"], entry["id"], special, entry.get("normalized", not special))
+        )
+    normalizer = data.get("normalizer")
+    kinds = (
+        [n.get("type") for n in (normalizer or {}).get("normalizers", [normalizer])]
+        if normalizer
+        else []
+    )
+    if set(kinds) - {"NFC"}:
+        raise refuse("normalizer", normalizer, "none or NFC")
+    patterns = _hf_pre_tokenizer(data.get("pre_tokenizer"), refuse)
+    if (data.get("decoder") or {}).get("type") != "ByteLevel":
+        raise refuse("decoder", data.get("decoder"), "ByteLevel")
+    bos, eos = _hf_post_processor(data.get("post_processor"), refuse)
+    try:
+        tok = BPETokenizer(
+            vocab,
+            merges,
+            added_tokens=added,
+            pre_tokenizer=patterns,
+            normalizer="NFC" if kinds else None,
+            ignore_merges=bool(model.get("ignore_merges")),
+            bos=bos,
+            eos=eos,
+        )
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    tok._hf_files["tokenizer.json"] = _read_text(path)
+    config_path = directory / "tokenizer_config.json"
+    if config_path.is_file():
+        config = _read_json(config_path)
+        tok._hf_files[config_path.name] = _read_text(config_path)
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+            template = {t.get("name"): t.get("template") for t in template}.get("default")
+        tok.chat_template = template
+        for name in _SPECIAL_TOKEN_NAMES:
+            value = config.get(name)
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                tok.template_tokens[name] = value
+    jinja_path = directory / "chat_template.jinja"
+    if jinja_path.is_file():  # newer files keep the template apart; it wins, as in transformers
+        tok.chat_template = tok._hf_files[jinja_path.name] = _read_text(jinja_path)
+    return tok
+
+
+def _hf_pre_tokenizer(spec: Any, refuse: Callable[..., ValueError]) -> list[str]:
+    """The split patterns of a pre_tokenizer, applied in turn: its Split and Digits steps, then
+    a ByteLevel step, which must come last (it maps bytes to characters; with use_regex it
+    first splits by GPT-2's pattern)."""
+    single = not (isinstance(spec, dict) and spec.get("type") == "Sequence")
+    steps = [spec] if single else spec.get("pretokenizers", [])
+    patterns = []
+    for i, step in enumerate(steps):
+        kind = step.get("type") if isinstance(step, dict) else None
+        if kind == "ByteLevel" and i == len(steps) - 1:
+            if step.get("add_prefix_space"):
+                raise refuse("pre_tokenizer ByteLevel.add_prefix_space", True, "false only")
+            return patterns + [GPT2_PATTERN] if step.get("use_regex", True) else patterns
+        if kind == "Split" and step.get("behavior") == "Isolated" and not step.get("invert"):
+            pattern = step.get("pattern", {})
+            patterns.append(
+                pattern["Regex"] if "Regex" in pattern else regex.escape(pattern["String"])
+            )
+        elif kind == "Digits":  # each digit alone, or each run of digits
+            patterns.append(r"\p{N}" if step.get("individual_digits") else r"\p{N}+")
+        else:
+            break
+    raise refuse("pre_tokenizer", spec, "Split (Isolated) and Digits steps, then ByteLevel last")
+
+
+def _hf_post_processor(spec: Any, refuse: Callable[..., ValueError]) -> tuple[list[int], list[int]]:
+    """The ids a post_processor puts before and after one text (for add_special_tokens)."""
+    if spec is None:
+        return [], []
+    if not isinstance(spec, dict):
+        raise refuse("post_processor", spec, "an object")
+    if spec.get("type") == "ByteLevel":  # ByteLevel only moves offsets
+        return [], []
+    if spec.get("type") == "Sequence":
+        bos, eos = [], []
+        for step in spec.get("processors", []):
+            before, after = _hf_post_processor(step, refuse)
+            bos, eos = bos + before, eos + after
+        return bos, eos
+    if spec.get("type") == "TemplateProcessing":
+        single = spec.get("single", [])
+        where = [i for i, item in enumerate(single) if "Sequence" in item]
+        if len(where) != 1:
+            raise refuse("post_processor.single", single, "one $A")
+        ids = [
+            spec["special_tokens"][item["SpecialToken"]["id"]]["ids"]
+            if "SpecialToken" in item
+            else []
+            for item in single
+        ]
+        return sum(ids[: where[0]], []), sum(ids[where[0] + 1 :], [])
+    raise refuse("post_processor.type", spec.get("type"), "ByteLevel, TemplateProcessing, Sequence")
+
+
 # --- checkpoints ----------------------------------------------------------------------------------
 
 Tokenizer = CharTokenizer | BPETokenizer
-_FILES = {"char": ("tokenizer.json",), "bpe": ("vocab.json", "merges.txt")}
+# Every file a tokenizer may leave in a checkpoint directory (the character tokenizer's and
+# Hugging Face's share the name tokenizer.json).
+_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
+          "chat_template.jinja")  # fmt: skip
 
 
 def save_tokenizer(tokenizer: Tokenizer, directory: str | Path) -> None:
-    """Write the tokenizer's files into a checkpoint directory, and remove the other kind's: a
+    """Write the tokenizer's files into a checkpoint directory, and remove the other kinds': a
     run written over an older one must not leave a second tokenizer beside the new model."""
     directory = Path(directory)
     if isinstance(tokenizer, BPETokenizer):
         tokenizer.save(directory)
+        written = tokenizer.file_names
     else:
         tokenizer.save(directory / "tokenizer.json")
-    for kind, names in _FILES.items():
-        if kind != tokenizer.kind:
-            for name in names:
-                (directory / name).unlink(missing_ok=True)
+        written = ["tokenizer.json"]
+    for name in _FILES:
+        if name not in written:
+            (directory / name).unlink(missing_ok=True)
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """The tokenizer of a checkpoint or GPT-2 directory: vocab.json + merges.txt if present (a
-    GPT-2 download also has a tokenizer.json of Hugging Face's, not ours), else tokenizer.json."""
+    """The tokenizer of a checkpoint or model directory: Hugging Face's tokenizer.json if there
+    is one, else GPT-2's vocab.json + merges.txt, else the character tokenizer's tokenizer.json."""
     directory = Path(directory)
+    data = _read_tokenizer_json(directory)
+    if _is_hf(data):
+        return _read_hf_tokenizer(directory, data)
     if (directory / "vocab.json").is_file() or (directory / "merges.txt").is_file():
-        return BPETokenizer.from_pretrained(directory)
-    if (directory / "tokenizer.json").is_file():
-        return CharTokenizer.load(directory / "tokenizer.json")
+        return BPETokenizer.from_pretrained(directory)  # which names a missing file
+    if data is not None:
+        return CharTokenizer.from_dict(data)
     raise FileNotFoundError(
-        f"{directory} holds no tokenizer: neither vocab.json + merges.txt (BPE) nor "
-        "tokenizer.json (characters)"
+        f"{directory} holds no tokenizer: no tokenizer.json (Hugging Face's or the character "
+        "tokenizer's) and no vocab.json + merges.txt (GPT-2's)"
     )

@@ -269,7 +269,7 @@ def test_training_never_merges_across_end_of_text():
 
 
 def test_missing_files_are_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="has no vocab.json and no merges.txt"):
+    with pytest.raises(FileNotFoundError, match=r"has no tokenizer.json \(Hugging Face.s\) and no"):
         BPETokenizer.from_pretrained(tmp_path)
     gpt2_directory(tmp_path)
     (tmp_path / "merges.txt").unlink()
@@ -335,10 +335,37 @@ def test_a_checkpoint_directory_holds_one_tokenizer(tmp_path, fixture_tok):
     save_tokenizer(CharTokenizer.from_text("abc"), tmp_path)
     assert not (tmp_path / "vocab.json").exists() and not (tmp_path / "merges.txt").exists()
     assert isinstance(load_tokenizer(tmp_path), CharTokenizer)
-    # A GPT-2 download also holds Hugging Face's tokenizer.json: its vocab.json + merges.txt win.
+    # A GPT-2 download also holds Hugging Face's tokenizer.json, with the same vocabulary and
+    # merges: read first (it also names the added tokens), it gives the same ids.
     gpt2 = gpt2_directory(tmp_path / "gpt2")
-    (gpt2 / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE"}}')
-    assert load_tokenizer(gpt2).eot_id == 50256
+    from_gpt2_files = load_tokenizer(gpt2)
+    vocab = json.loads((gpt2 / "vocab.json").read_text(encoding="utf-8"))
+    merges = (gpt2 / "merges.txt").read_text(encoding="utf-8").splitlines()[1:]
+    hf = {  # GPT-2's tokenizer.json, as Hugging Face's gpt2 download has it
+        "version": "1.0",
+        "added_tokens": [
+            {"id": 50256, "content": END_OF_TEXT, "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": True, "special": True}
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": True},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False,
+                           "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": "", "end_of_word_suffix": "", "fuse_unk": False,
+                  "vocab": vocab, "merges": merges},
+    }  # fmt: skip
+    (gpt2 / "tokenizer.json").write_text(json.dumps(hf), encoding="utf-8")
+    from_tokenizer_json = load_tokenizer(gpt2)
+    assert from_tokenizer_json._hf_files and not from_gpt2_files._hf_files  # each file was read
+    text = TEXT + " the string<|endoftext|>"
+    for allowed in ((), "all"):
+        ids = from_tokenizer_json.encode(text, allowed_special=allowed)
+        assert ids == from_gpt2_files.encode(text, allowed_special=allowed)
+    assert from_tokenizer_json.eot_id == 50256
     with pytest.raises(FileNotFoundError, match="holds no tokenizer"):
         load_tokenizer(tmp_path / "empty")
 
