@@ -28,7 +28,7 @@ import nn
 from models import chat_data
 from models import train as train_cli
 from models.gpt import GPT, IGNORE_INDEX
-from models.sft import chatml, greedy_answer, sft_examples
+from models.sft import chat_format, greedy_answer, sft_examples
 from models.tokenizer import load_tokenizer
 
 FULL = {
@@ -52,13 +52,13 @@ def held_out_metrics(
     total, count = 0.0, 0
     with autograd.no_grad():
         model.eval()
-        for inputs, targets in sft_examples(conversations, chatml, tokenizer.encode):
+        render, encode = chat_format(tokenizer)
+        for inputs, targets in sft_examples(conversations, render, encode):
             n = int((targets != IGNORE_INDEX).sum())
             total += model(inputs[None], targets[None])[1].item() * n
             count += n
         answers = [
-            greedy_answer(model, m[:-1], chatml, tokenizer.encode, tokenizer.decode)
-            for m in conversations
+            greedy_answer(model, m[:-1], render, encode, tokenizer.decode) for m in conversations
         ]
     right = sum(a == m[-1]["content"] for a, m in zip(answers, conversations, strict=True))
     return {"loss": total / count, "exact": right, "answers": answers}

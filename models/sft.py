@@ -176,6 +176,21 @@ def chatml(messages: list[dict[str, Any]], add_generation_prompt: bool = False) 
 END_OF_TURN = "<|im_end|>"
 
 
+def chat_format(tokenizer: Any) -> tuple[Render, Encode]:
+    """(render, encode) of a tokenizer: its own chat template (a Hugging Face tokenizer's
+    tokenizer_config.json), whose special tokens it encodes as single tokens, or ChatML as
+    text when it has none."""
+    if getattr(tokenizer, "chat_template", None):
+
+        def render(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+            return tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+
+        return render, lambda text: tokenizer.encode(text, allowed_special="all")
+    return chatml, tokenizer.encode
+
+
 def greedy_answer(
     model: Any,
     messages: list[dict[str, Any]],

@@ -26,7 +26,7 @@ import numpy as np
 from models import loop
 from models.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
 from models.gpt import GPT, IGNORE_INDEX, GPTConfig
-from models.sft import chatml, greedy_answer, pad_batch, read_conversations, sft_examples
+from models.sft import chat_format, greedy_answer, pad_batch, read_conversations, sft_examples
 from models.tokenizer import load_tokenizer, save_tokenizer
 
 
@@ -226,13 +226,14 @@ class GPTTrainer(loop.Trainer):
 
 def held_out_answers(model: GPT, data: ChatData) -> list[str]:
     """The model's greedy answer to each held-out conversation's last question."""
-    tok = data.tokenizer
-    return [greedy_answer(model, m[:-1], chatml, tok.encode, tok.decode) for m in data.held_out]
+    render, encode = chat_format(data.tokenizer)
+    decode = data.tokenizer.decode
+    return [greedy_answer(model, m[:-1], render, encode, decode) for m in data.held_out]
 
 
 def _chat_data(s: dict[str, Any], tokenizer: Any) -> ChatData:
-    """--sft's conversations rendered with ChatML, encoded with the base model's tokenizer, and
-    split by conversation (10 % held out, at least one)."""
+    """--sft's conversations rendered with the base model's chat template (ChatML if it has
+    none), encoded with its tokenizer, and split by conversation (10 % held out, at least one)."""
     conversations = read_conversations(s["sft"])
     order = np.random.default_rng([s["seed"], 2]).permutation(len(conversations))
     n_val = max(1, len(conversations) // 10)
@@ -240,10 +241,10 @@ def _chat_data(s: dict[str, Any], tokenizer: Any) -> ChatData:
     train = [conversations[i] for i in order[n_val:]]
     if not train:
         raise SystemExit(f"train: --sft {s['sft']}: too few conversations to hold some out")
+    render, encode = chat_format(tokenizer)
     try:
         examples = {
-            name: sft_examples(c, chatml, tokenizer.encode)
-            for name, c in (("train", train), ("val", held))
+            name: sft_examples(c, render, encode) for name, c in (("train", train), ("val", held))
         }
     except ValueError as exc:  # a character or token the base model's tokenizer lacks
         raise SystemExit(f"train: --sft {s['sft']}: {exc}") from None

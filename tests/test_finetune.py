@@ -10,6 +10,7 @@ a user token shapes the assistant's loss through attention but is never a target
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from models import chat_data
 from models import lora as models_lora
 from models.gpt import GPT, IGNORE_INDEX, GPTConfig
 from models.sft import (
+    chat_format,
     chatml,
     conversation_segments,
     encode_conversation,
@@ -30,6 +32,7 @@ from models.sft import (
     read_conversations,
     tokens_and_mask,
 )
+from models.tokenizer import load_tokenizer
 from nn import checkpoint
 
 V, T = 17, 8
@@ -578,3 +581,23 @@ def test_lora_replaces_a_layer_under_every_name_the_forward_reads():
     )
     nn.unload_lora(layer)
     assert layer.c_proj is layer.o_proj and type(layer.c_proj) is nn.Linear
+
+
+def test_a_tokenizers_own_chat_template_marks_the_assistant_turns_in_single_tokens():
+    """SmolLM2's tokenizer (tests/fixtures/hf): its ChatML template with <|im_start|> and
+    <|im_end|> as added tokens; the trained piece of a turn is the answer and its end marker."""
+    tokenizer = load_tokenizer(Path(__file__).parent / "fixtures" / "hf" / "smollm2_tokenizer")
+    render, encode = chat_format(tokenizer)
+    segments = conversation_segments(CONVERSATION, render)
+    assert [text for text, trained in segments if trained] == ["4<|im_end|>\n", "6<|im_end|>\n"]
+    tokens, trained = encode_conversation(CONVERSATION, render, encode)
+    end = encode("<|im_end|>")
+    assert len(end) == 1 and (tokens[trained] == end[0]).sum() == 2
+    assert chat_format(CharTokenizerStub())[0] is chatml  # no template of its own: ChatML
+
+
+class CharTokenizerStub:
+    chat_template = None
+
+    def encode(self, text):
+        return [ord(c) for c in text]
