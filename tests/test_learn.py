@@ -6,18 +6,25 @@ wrong. The language is always set explicitly (the machine's locale never matters
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import pytest
 
+import nn
 from models.learn import __main__ as cli
-from models.learn.capstone import CapstoneFailed, run_pieces
+from models.learn.capstone import STEPS, CapstoneFailed, DemoRun, demo_settings, run_pieces
 from models.learn.exercises import BY_NUMBER, CAPSTONE, EXERCISES
 from models.learn.grader import grade, load
 from models.learn.text import default_lang
 from models.learn.workspace import start
+from models.train import TRAINER
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "models" / "learn" / "solutions"
+# The capstone's GPT shrunk for CI (the demo's own config runs 3 steps in its own test): the same
+# corpus, batches, optimizer and schedule. 20 steps: exercise 6's missing 1/n first shows at 13.
+SMALL = {"settings": demo_settings(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4)}
+SMALL["steps"] = 20
 
 # (exercise, the reference's text, a classic mistake in its place, the diagnosis it must get)
 WRONG = [
@@ -164,10 +171,14 @@ def test_every_untouched_stub_fails(tmp_path, lang):
 
 
 def test_the_reference_solutions_pass_and_finish_the_capstone(solved):
-    reports = cli.check(solved, "all", "en")
+    shown = []
+    reports = cli.check(solved, "all", "en", shown.append, **SMALL)
     assert [r.number for r in reports if not r.passed] == [], [r.lines for r in reports]
     text = "\n".join(reports[-1].lines)
-    assert "L 2.541928 -> 1.761382" in text and "200 steps" in text
+    assert "L 2.541928 -> 1.761382" in text and "trained 20 steps" in text
+    # each report as soon as it is done, the capstone's table before its verdict
+    assert shown[0] == reports[0].lines[0] and shown[-len(reports[-1].lines) :] == reports[-1].lines
+    assert any(line.startswith("     19  ") for line in shown), shown
     assert cli.load_progress(solved)["passed"] == list(range(1, CAPSTONE + 1))
 
 
@@ -219,11 +230,52 @@ def test_the_capstone_fails_when_any_one_piece_is_wrong(solved, tmp_path, number
     start(tmp_path, "en")
     _, old, new, _ = next(w for w in WRONG if w[0] == number and w[3] == CAPSTONE_WRONG[number])
     write_solution(tmp_path, number, old, new)
-    report = cli.check_capstone(tmp_path, "en")
+    report = cli.check_capstone(tmp_path, "en", **SMALL)
     assert not report.passed and report.diagnoses == ["needs"], report.lines
     if number in USED_BY_THE_RUNS:
-        with pytest.raises(CapstoneFailed):
-            run_pieces(_pieces(tmp_path), "en")
+        with pytest.raises(CapstoneFailed) as failed:
+            run_pieces(_pieces(tmp_path), "en", **SMALL)
+        line = failed.value.line
+        if failed.value.diagnosis == "gpt" and "raised" not in line:
+            found = re.search(r"the first step that differs is (\d+).*\(difference (\S+),", line)
+            assert 1 <= int(found[1]) < SMALL["steps"], line
+            if number == 6:  # a missing 1/n hides behind clipping and AdamW: only 1e-9 sees it
+                assert float(found[2]) < 1e-8, line
+        # the first cause named is the wrong piece (its exercise alone moves glassgrad's run)
+        causes = re.findall(r"likely cause: exercise (\d+)", line)
+        assert causes[:1] == [str(number)], line
+
+
+def test_the_capstone_trains_the_demo_gpt(solved):
+    """The capstone's default GPT is `python -m models.train --dtype float64 --no-compile`'s: its
+    glassgrad column is that run's losses, step for step (3 steps of the 200), and its learning
+    rates are that run's past the warmup too."""
+    shown = []
+    lines = run_pieces(_pieces(solved), "en", steps=3, progress=shown.append)
+    assert "trained 3 steps" in lines[-1] and STEPS == 200
+    args = TRAINER.build_parser().parse_args(["--dtype", "float64"])
+    settings = {**TRAINER.resolve_settings(args), "out": None}  # out None: nothing written
+    stop, steps_run = threading.Event(), []
+
+    def after_backward(params):  # the loop's own stop request: it ends after the third step
+        steps_run.append(len(steps_run))
+        if len(steps_run) == 3:
+            stop.set()
+
+    options = {"quiet": True, "after_backward": after_backward, "stop": stop, "compile": False}
+    history = TRAINER.train(settings, **options)
+    header, _, *rows = shown
+    assert header.startswith("the demo GPT (models.train's defaults): GPT(vocab_size="), header
+    assert len(history["loss"]) == len(rows) == 3, (history["loss"], rows)
+    for row, loss in zip(rows, history["loss"], strict=True):
+        _, yours, glassgrads, _ = row.split()
+        assert float(glassgrads) == pytest.approx(loss, abs=1e-12), (row, loss)
+        assert abs(float(yours) - loss) <= 1e-9, (row, loss)
+    # past the warmup too, the learning rates are those of the demo's whole run, not of 200 steps
+    run = DemoRun(demo_settings(n_layer=1, n_embd=8, n_head=2))
+    for step in (0, 60, 150, STEPS - 1):
+        args = (settings["lr"], settings["warmup"], settings["steps"], settings["min_lr"])
+        assert run.lr(step) == nn.optim.cosine_with_warmup(step, *args)
 
 
 def test_the_cli_start_fail_hint_solution_status(tmp_path, capsys):

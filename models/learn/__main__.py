@@ -16,8 +16,9 @@ import argparse
 import importlib
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from models.learn.capstone import CapstoneFailed, run_pieces
 from models.learn.exercises import BY_NUMBER, CAPSTONE, EXERCISES
@@ -26,7 +27,11 @@ from models.learn.text import LANGS, default_lang, say
 from models.learn.workspace import PROGRESS, load_progress, save_progress, start
 
 
-def check_capstone(workspace: Path, lang: str) -> Report:
+def check_capstone(
+    workspace: Path, lang: str, show: Callable[[str], None] = lambda line: None, **gpt: Any
+) -> Report:
+    """The capstone on the workspace's pieces; `show` gets the GPT's table as it runs; `gpt`:
+    run_pieces's settings and steps (the tests' smaller GPT), by default the demo's 200 steps."""
     title = say("capstone", lang)
     reports = [grade(workspace, e.number, lang) for e in EXERCISES]
     missing = [r.number for r in reports if not r.passed]
@@ -38,23 +43,36 @@ def check_capstone(workspace: Path, lang: str) -> Report:
     for e in EXERCISES:
         functions.update(load(workspace, e, lang))
     try:
-        lines = run_pieces(functions, lang)
+        lines = run_pieces(functions, lang, progress=show, **gpt)
     except CapstoneFailed as failure:
         lines = [say("fail", lang, n=CAPSTONE, title=title), "  " + failure.line]
         return Report(CAPSTONE, False, lines, [failure.diagnosis])
     return Report(CAPSTONE, True, [say("pass", lang, n=CAPSTONE, title=title)] + lines)
 
 
-def check(workspace: Path, which: str, lang: str) -> list[Report]:
+def check(
+    workspace: Path,
+    which: str,
+    lang: str,
+    show: Callable[[str], None] = lambda line: None,
+    **gpt: Any,
+) -> list[Report]:
+    """Grade `which` (a number or all); `show` gets each report's lines as soon as it is done
+    (and the capstone's table while it runs)."""
     numbers = [e.number for e in EXERCISES] + [CAPSTONE] if which == "all" else [int(which)]
     reports = []
     for n in numbers:
         try:
-            report = check_capstone(workspace, lang) if n == CAPSTONE else grade(workspace, n, lang)
+            if n == CAPSTONE:
+                report = check_capstone(workspace, lang, show, **gpt)
+            else:
+                report = grade(workspace, n, lang)
         except Failed as failure:  # a file that cannot be loaded
             report = Report(n, False, [failure.line], [failure.diagnosis or "load"])
         reports.append(report)
         _record(workspace, report)
+        for line in report.lines:
+            show(line)
     return reports
 
 
@@ -174,9 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     if args.command == "check":
-        reports = check(workspace, args.which, lang)
-        for report in reports:
-            print("\n".join(report.lines))
+        reports = check(workspace, args.which, lang, show=lambda line: print(line, flush=True))
         return 0 if all(r.passed for r in reports) else 1
     if args.command in ("hint", "solution") and args.n == CAPSTONE:  # it has no code of its own
         print(say("capstone_no_hint", lang), file=sys.stderr)

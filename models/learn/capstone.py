@@ -1,37 +1,111 @@
-"""The capstone: every piece of the learner's at once, on the notes' ch. 11 example and a GPT.
+"""The capstone: all the learner's pieces at once, on the notes' ch. 11 example and the demo GPT.
 
 With all ten exercises' functions plugged in (unbroadcast, matmul, the elementwise rules, the
-backward loop, softmax, cross-entropy, layernorm, embedding, attention, AdamW), the notes' ch. 11
-worked example must give L 2.541928 -> 1.761382 after one step of gradient descent, and a small
-GPT trained with AdamW for 200 steps in float64 must produce glassgrad's own losses to 1e-9.
+backward loop, softmax, cross-entropy, layernorm, embedding, attention, AdamW):
+
+1. the notes' ch. 11 worked example must give L 2.541928 -> 1.761382 after one step of gradient
+   descent;
+2. the demo GPT, the model `make demo` / `python -m models.train` trains, with the training
+   code's own defaults (models/train.py and models/loop.py: its config, the stdlib corpus, the
+   character tokenizer, the batches, AdamW with its schedule and gradient clipping), trained
+   eagerly in float64 for its first 200 steps, must produce glassgrad's own losses to 1e-9 at
+   every step.
+
+Glassgrad's losses are computed in the same run, step by step beside the learner's: two BLAS
+builds (or thread counts) round differently, so stored numbers would not do. At the first step
+that differs, each exercise's pieces are tried alone on glassgrad's state to name the likely cause.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from functools import cache
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 import autograd
 import nn
-from models.gpt import GPT, GPTConfig
+from autograd.compile.plan import one_blas_thread
+from models import loop
+from models.learn.exercises import EXERCISES
 from models.learn.plug import plugged
 from models.learn.text import say
+from models.train import TRAINER
 from models.worked_example import WorkedExample
 
 NOTES_L = (2.541928, 1.761382)  # notes 11.3 and 11.6, 6 decimals
 STEPS = 200
 LOSS_TOLERANCE = 1e-9
-TEXT = "the cat sat on the mat. the dog sat on the log. "  # enough to learn something in 200 steps
-CONFIG = dict(block_size=8, n_layer=1, n_head=2, n_embd=8)
-BATCH = 4
+PROGRESS_LINES = 20  # table rows printed over a run (and every step that differs)
 
 
 class CapstoneFailed(Exception):
     def __init__(self, line: str, diagnosis: str):
         super().__init__(line)
         self.line, self.diagnosis = line, diagnosis
+
+
+def demo_settings(**overrides: Any) -> dict[str, Any]:
+    """What `python -m models.train --dtype float64` runs with (the loop resolves the GPT's
+    defaults as for the command line; float64: the capstone's 1e-9 is a float64 bar), with
+    `overrides` (the tests' smaller GPT)."""
+    args = TRAINER.build_parser().parse_args(["--dtype", "float64"])
+    return {**TRAINER.resolve_settings(args), **overrides}
+
+
+class DemoRun:
+    """models.train's run, one eager step at a time: the corpus, tokenizer, batches and model are
+    the GPT trainer's (models/train.py), the optimizer, schedule, clipping and step the loop's
+    (models/loop.py Trainer.fit, train_step)."""
+
+    def __init__(self, settings: dict[str, Any]):
+        self.settings = settings
+        self.data = TRAINER.prepare(settings, None)
+        self.model = TRAINER.build(settings, self.data)
+        groups = loop.param_groups(self.model, settings["weight_decay"])
+        self.optimizer = nn.optim.AdamW(groups, lr=settings["lr"], betas=TRAINER.betas)
+        self.model.train()
+
+    def batch(self, step: int) -> loop.Batch:
+        return TRAINER.batch(self.settings, self.data, step, rank=0, world_size=1)
+
+    def lr(self, step: int) -> float:
+        """The learning rate at `step` of the whole run (warmup, then cosine over its steps):
+        the capstone's 200 steps are the first of the demo's."""
+        s = self.settings
+        return nn.optim.cosine_with_warmup(step, s["lr"], s["warmup"], s["steps"], s["min_lr"])
+
+    def step(self, step: int) -> float:
+        """Train on batch `step` at that step's learning rate; returns the batch's loss."""
+        loss_fn = partial(TRAINER.loss, self.model)
+        lr, clip = self.lr(step), self.settings["grad_clip"]
+        return loop.train_step(loss_fn, self.optimizer, self.batch(step), lr, clip)[0]
+
+    def loss(self, step: int) -> float:
+        """The loss on batch `step` without training (the next step's loss, before it runs)."""
+        with autograd.no_grad():
+            return TRAINER.loss(self.model, *self.batch(step)).item()
+
+    def state(self) -> tuple[dict, dict]:
+        return (
+            {k: v.copy() for k, v in self.model.state_dict().items()},
+            _copied(self.optimizer.state_dict()),
+        )
+
+    def load(self, state: tuple[dict, dict]) -> None:
+        self.model.load_state_dict(state[0])
+        self.optimizer.load_state_dict(_copied(state[1]))
+
+
+def _copied(tree: Any) -> Any:
+    """A copy of an optimizer state dict: its arrays copied, so that steps leave it alone."""
+    if isinstance(tree, dict):
+        return {k: _copied(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_copied(v) for v in tree]
+    return tree.copy() if isinstance(tree, np.ndarray) else tree
 
 
 def worked_example_losses() -> tuple[float, float]:
@@ -43,77 +117,183 @@ def worked_example_losses() -> tuple[float, float]:
     return before, model.loss()
 
 
-def gpt_losses(steps: int = STEPS, stop: Callable[[int, float], bool] | None = None) -> list[float]:
-    """The training losses of the capstone's GPT (float64, AdamW, fixed batches); `stop(step,
-    loss)` ends the run early (a learner's run stops at the first loss that differs)."""
-    vocab = sorted(set(TEXT))
-    ids = np.array([vocab.index(ch) for ch in TEXT])
-    config = GPTConfig(vocab_size=len(vocab), **CONFIG)
-    model = GPT(config, rng=np.random.default_rng(0)).to(np.float64)
-    optimizer = nn.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    rng = np.random.default_rng(1)
-    losses = []
-    for step in range(steps):
-        starts = rng.integers(0, len(ids) - config.block_size - 1, BATCH)
-        x = np.stack([ids[s : s + config.block_size] for s in starts])
-        y = np.stack([ids[s + 1 : s + config.block_size + 1] for s in starts])
-        _, loss = model(x, y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        if stop is not None and stop(step, losses[-1]):
-            break
-    return losses
+def _by_exercise(functions: dict[str, Callable]) -> dict[int, dict[str, Callable]]:
+    return {
+        e.number: {f.name: functions[f.name] for f in e.functions if f.name in functions}
+        for e in EXERCISES
+    }
 
 
-@cache
-def glassgrad_losses() -> tuple[float, ...]:
-    autograd.set_default_dtype(np.float64)
-    return tuple(gpt_losses())
+def _causes(
+    pieces: dict[int, dict[str, Callable]], effect: Callable[[], float], bar: float, lang: str
+) -> str:
+    """Which exercise is the likely cause: each one's pieces alone (every other piece
+    glassgrad's) run `effect`: how far that moves glassgrad's number (inf: it raises). Named:
+    those beyond the bar, else the one that moves it most (a difference that grew over steps)."""
+    effects = {}
+    for number, functions in pieces.items():
+        with plugged(functions):
+            try:
+                effects[number] = effect()
+            except Exception:
+                effects[number] = math.inf
+
+    def size(n: int) -> float:  # a NaN is as far as it gets
+        return math.inf if math.isnan(effects[n]) else effects[n]
+
+    ranked = sorted(effects, key=size, reverse=True)
+    named = [n for n in ranked if size(n) > bar] or ranked[:1]
+    lines = []
+    for n in named:
+        title = EXERCISES[n - 1].title[lang]
+        if effects[n] == math.inf:
+            lines.append(say("capstone_cause_raises", lang, n=n, title=title))
+        else:
+            lines.append(say("capstone_cause", lang, n=n, title=title, effect=effects[n]))
+    if effects[named[0]] <= bar:  # below the bar alone: name the runner-up for comparison
+        runner_up = ranked[1]
+        lines[0] += say("capstone_cause_grown", lang, n=runner_up, effect=effects[runner_up])
+    return "\n  ".join(lines)
 
 
-def n_parameters() -> int:
-    config = GPTConfig(vocab_size=len(set(TEXT)), **CONFIG)
-    return sum(p.size for p in GPT(config, rng=np.random.default_rng(0)).parameters())
-
-
-def run_pieces(functions: dict[str, Callable], lang: str) -> list[str]:
-    """The capstone's two runs with `functions` plugged in; raises CapstoneFailed at the first
-    number that is not glassgrad's. Returns the lines to print."""
-    autograd.set_default_dtype(np.float64)
-    expected = glassgrad_losses()
-    with plugged(functions):
+def _ch11(pieces: dict[int, dict[str, Callable]], lang: str) -> str:
+    everything = {name: fn for functions in pieces.values() for name, fn in functions.items()}
+    with plugged(everything):
         try:
             before, after = worked_example_losses()
         except Exception as exc:
-            raise CapstoneFailed(f"{type(exc).__name__}: {exc}", "ch11") from exc
-        line = say("capstone_ch11", lang, before=before, after=after)
-        if (round(before, 6), round(after, 6)) != NOTES_L:
-            raise CapstoneFailed(line, "ch11")
-        worst = [0.0]
+            line = f"{type(exc).__name__}: {exc}"
+        else:
+            line = say("capstone_ch11", lang, before=before, after=after)
+            if (round(before, 6), round(after, 6)) == NOTES_L:
+                return line
+    ours = worked_example_losses()
 
-        def differs(step: int, loss: float) -> bool:
-            worst[0] = max(worst[0], abs(loss - expected[step]))
-            return not abs(loss - expected[step]) <= LOSS_TOLERANCE
+    def effect() -> float:
+        return max(abs(a - b) for a, b in zip(worked_example_losses(), ours, strict=True))
 
-        try:
-            losses = gpt_losses(stop=differs)
-        except Exception as exc:
-            raise CapstoneFailed(f"{type(exc).__name__}: {exc}", "gpt") from exc
-    if len(losses) < STEPS or worst[0] > LOSS_TOLERANCE:
-        step = len(losses) - 1
-        diverged = say(
-            "capstone_gpt_diverged", lang, step=step, got=losses[step], expected=expected[step]
+    # the notes' 6 decimals: a difference under half a unit in the last one does not show
+    raise CapstoneFailed(line + "\n  " + _causes(pieces, effect, 5e-7, lang), "ch11")
+
+
+def _alone(
+    settings: dict[str, Any], state: tuple[dict, dict], step: int, expected_next: float
+) -> Callable[[], float]:
+    """For _causes: from glassgrad's `state` before `step`, run that step; how far is the next
+    step's loss then from glassgrad's `expected_next`?"""
+    scratch = DemoRun(settings)
+
+    def effect() -> float:
+        scratch.load(state)
+        scratch.step(step)
+        return abs(scratch.loss(step + 1) - expected_next)
+
+    return effect
+
+
+def _gpt(
+    pieces: dict[int, dict[str, Callable]],
+    lang: str,
+    settings: dict[str, Any],
+    steps: int,
+    progress: Callable[[str], None],
+) -> str:
+    """Glassgrad's run and the learner's side by side, step by step; raises at the first loss
+    that differs (or the first step that raises), naming the exercises whose pieces alone make
+    glassgrad's own run differ at that point."""
+    everything = {name: fn for functions in pieces.values() for name, fn in functions.items()}
+    ours, yours = DemoRun(settings), DemoRun(settings)
+    s, model = settings, ours.model
+    what = say("capstone_demo_gpt" if s == demo_settings() else "capstone_other_gpt", lang)
+    progress(
+        say(
+            "capstone_gpt_header",
+            lang,
+            what=what,
+            model=model.describe(),
+            params=model.num_parameters(),
+            source=ours.data.corpus.source,
+            tokenizer=s["tokenizer"],
+            batch=s["batch_size"],
+            block=s["block_size"],
+            lr=s["lr"],
+            warmup=s["warmup"],
+            total=s["steps"],
+            clip=s["grad_clip"],
+            steps=steps,
         )
-        raise CapstoneFailed(line + "\n  " + diverged, "gpt")
-    gpt = say(
+    )
+    progress(say("capstone_gpt_columns", lang))
+    every = max(1, steps // PROGRESS_LINES)
+    worst, losses, states = 0.0, [], [ours.state()]  # states[-1]: glassgrad's before this step
+    for step in range(steps):
+        expected = ours.step(step)
+        try:
+            with plugged(everything):
+                got = yours.step(step)
+        except Exception as exc:
+            # the suspects: pieces that make this very step of glassgrad's raise or differ
+            error = f"{type(exc).__name__}: {exc}"
+            line = say("capstone_gpt_raised", lang, step=step, error=error)
+            effect = _alone(settings, states[-1], step, ours.loss(step + 1))
+            causes = _causes(pieces, effect, LOSS_TOLERANCE, lang)
+            raise CapstoneFailed(line + "\n  " + causes, "gpt") from exc
+        diff = abs(got - expected)
+        if not diff <= LOSS_TOLERANCE or step % every == 0 or step == steps - 1:
+            progress(f"  {step:>5}  {got:16.12f}  {expected:16.12f}  {diff:9.1e}")
+        if not diff <= LOSS_TOLERANCE:
+            # a loss is the forward of the previous step's update (step 0's is glassgrad's
+            # own forward, which no piece changes): that update is the suspect
+            line = say(
+                "capstone_gpt_diverged",
+                lang,
+                step=step,
+                got=got,
+                expected=expected,
+                diff=diff,
+                bar=LOSS_TOLERANCE,
+            )
+            effect = _alone(settings, states[0], step - 1, expected)
+            causes = _causes(pieces, effect, LOSS_TOLERANCE, lang)
+            raise CapstoneFailed(line + "\n  " + causes, "gpt")
+        worst = max(worst, diff)
+        losses.append(got)
+        states = [states[-1], ours.state()]
+    return say(
         "capstone_gpt",
         lang,
-        params=n_parameters(),
-        steps=STEPS,
-        worst=worst[0],
+        what=what,
+        params=model.num_parameters(),
+        steps=steps,
+        worst=worst,
+        bar=LOSS_TOLERANCE,
         first=losses[0],
         last=losses[-1],
     )
-    return [line, gpt]
+
+
+def run_pieces(
+    functions: dict[str, Callable],
+    lang: str,
+    settings: dict[str, Any] | None = None,
+    steps: int = STEPS,
+    progress: Callable[[str], None] = lambda line: None,
+) -> list[str]:
+    """The capstone's two runs with `functions` (name -> the learner's function) plugged in;
+    raises CapstoneFailed at the first number that is not glassgrad's. The GPT is the demo's
+    (demo_settings()) unless `settings` says otherwise; `progress` gets the table as it runs.
+    Returns the lines of the verdict."""
+    autograd.set_default_dtype(np.float64)
+    pieces = _by_exercise(functions)
+    ch11 = _ch11(pieces, lang)
+    settings = demo_settings() if settings is None else settings
+    # One BLAS thread for both runs (they compare within one process, so what is checked is
+    # the same): the demo's products are small; on a quiet 2-core machine a second thread saved
+    # a fifth of the time, on a busy one each product waited for a thread that was not scheduled
+    # and the capstone took 164 s instead of 42-50 s (docs/learn.md).
+    with one_blas_thread()():
+        try:
+            gpt = _gpt(pieces, lang, settings, steps, progress)
+        except CapstoneFailed as failure:
+            raise CapstoneFailed(ch11 + "\n  " + failure.line, failure.diagnosis) from failure
+    return [ch11, gpt]

@@ -174,15 +174,57 @@ MESSAGES: dict[str, dict[str, str]] = {
         "zh": "用你的部件运行笔记第 11 章：一步之后 L {before:.6f} -> {after:.6f}（笔记："
         "2.541928 -> 1.761382）",
     },
+    "capstone_demo_gpt": {
+        "en": "the demo GPT (models.train's defaults)",
+        "zh": "演示 GPT（models.train 的默认设置）",
+    },
+    "capstone_other_gpt": {"en": "a GPT of other settings", "zh": "另一种设置的 GPT"},
+    "capstone_gpt_header": {
+        "en": "{what}: {model}, {params:,} parameters; {source}, {tokenizer} tokenizer; batches "
+        "of {batch} x {block}; AdamW, lr {lr} after {warmup} warmup steps, cosine over {total}; "
+        "gradients clipped at {clip}; float64, eager. Its first {steps} steps on your pieces "
+        "beside glassgrad's own:",
+        "zh": "{what}：{model}，{params:,} 个参数；{source}，{tokenizer} 分词器；批次 {batch} x "
+        "{block}；AdamW，学习率 {lr}，预热 {warmup} 步，余弦衰减共 {total} 步；梯度裁剪到 {clip}；"
+        "float64，即时执行。用你的部件与 glassgrad 自己的并排训练前 {steps} 步：",
+    },
+    "capstone_gpt_columns": {
+        "en": "   step  your loss         glassgrad's loss  difference",
+        "zh": "    步   你的损失          glassgrad 的损失  差",
+    },
     "capstone_gpt": {
-        "en": "a GPT ({params} parameters) trained {steps} steps on your pieces: its losses "
-        "equal glassgrad's to {worst:.1e} (float64; bar 1e-9); loss {first:.6f} -> {last:.6f}",
-        "zh": "用你的部件训练 GPT（{params} 个参数）{steps} 步：损失与 glassgrad 的相差 "
-        "{worst:.1e}（float64；要求 1e-9）；损失 {first:.6f} -> {last:.6f}",
+        "en": "{what}, {params:,} parameters, trained {steps} steps on your pieces: its losses "
+        "equal glassgrad's to {worst:.1e} (float64; bar {bar:.0e}); loss {first:.6f} -> "
+        "{last:.6f}",
+        "zh": "{what}，{params:,} 个参数，用你的部件训练 {steps} 步：损失与 glassgrad 的相差 "
+        "{worst:.1e}（float64；要求 {bar:.0e}）；损失 {first:.6f} -> {last:.6f}",
     },
     "capstone_gpt_diverged": {
-        "en": "the GPT's loss at step {step} is {got:.12g}, glassgrad's {expected:.12g}",
-        "zh": "GPT 第 {step} 步的损失为 {got:.12g}，glassgrad 的为 {expected:.12g}",
+        "en": "the first step that differs is {step}: your loss {got:.12g}, glassgrad's "
+        "{expected:.12g} (difference {diff:.1e}, bar {bar:.0e})",
+        "zh": "第一个不同的步是第 {step} 步：你的损失 {got:.12g}，glassgrad 的 {expected:.12g}"
+        "（相差 {diff:.1e}，要求 {bar:.0e}）",
+    },
+    "capstone_gpt_raised": {
+        "en": "step {step} of the demo GPT raised {error}",
+        "zh": "演示 GPT 的第 {step} 步抛出了 {error}",
+    },
+    "capstone_cause": {
+        "en": "likely cause: exercise {n} ({title}): its pieces alone, the rest glassgrad's, "
+        "move glassgrad's number there by {effect:.1e}",
+        "zh": "可能的原因：练习 {n}（{title}）：只换上它的部件（其余用 glassgrad 的），glassgrad 的"
+        "数值在这里就偏离 {effect:.1e}",
+    },
+    "capstone_cause_raises": {
+        "en": "likely cause: exercise {n} ({title}): its pieces alone, the rest glassgrad's, "
+        "raise there",
+        "zh": "可能的原因：练习 {n}（{title}）：只换上它的部件（其余用 glassgrad 的），这里就会"
+        "抛出异常",
+    },
+    "capstone_cause_grown": {
+        "en": " (under the bar in one step, the difference grew over the steps before; the next "
+        "most, exercise {n}, moves it by {effect:.1e})",
+        "zh": "（单步未超出要求，差异是之前许多步累积的；影响第二大的练习 {n} 偏离 {effect:.1e}）",
     },
     # --- the CLI ---
     "started": {
