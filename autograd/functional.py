@@ -127,13 +127,36 @@ class Rotary(Op):
         return (_rotate(g, cos, -sin),)
 
 
-def rotary_tables(max_len: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, ...]:
-    """cos and sin of p * w_r for positions p < max_len, w_r = base^(-2r / D), r < D/2 (float64)."""
+def rotary_tables(
+    max_len: int, head_dim: int, base: float = 10000.0, scaling: dict | None = None
+) -> tuple[np.ndarray, ...]:
+    """cos and sin of p * w_r for positions p < max_len, w_r = base^(-2r / D), r < D/2 (float64).
+
+    HF's layout (rotate-half): w_r turns the pair (x_r, x_{r + D/2}). base is HF's rope_theta;
+    scaling is HF's rope_scaling dict, None or of rope_type "llama3" (Llama 3.1/3.2)."""
     if head_dim % 2:
         raise ValueError(f"rotary: head_dim must be even to form coordinate pairs, got {head_dim}")
     inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling is not None:
+        inv_freq = _llama3_frequencies(inv_freq, scaling)
     angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq[None, :]
     return np.cos(angles), np.sin(angles)
+
+
+def _llama3_frequencies(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:
+    """Llama 3's longer context: wavelengths longer than original_max_position_embeddings /
+    low_freq_factor turn `factor` times slower, those shorter than .../ high_freq_factor keep
+    their speed, and the band between is interpolated (HF's _compute_llama3_parameters)."""
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "llama3":
+        raise ValueError(f"rotary: rope_scaling type {kind!r} is not supported (only 'llama3')")
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    between = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return np.where(between, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
 
 
 def apply_rotary(x: Tensor, cos: np.ndarray, sin: np.ndarray, offset: int = 0) -> Tensor:
@@ -481,6 +504,13 @@ def relu(x: Tensor) -> Tensor:
     return _tensor(x).relu()
 
 
+def silu(x: Tensor) -> Tensor:
+    """x * sigmoid(x) (SiLU, the gate of Llama's SwiGLU MLP, notes 8.2); composed of Mul and
+    Sigmoid, so its gradient is theirs: sigmoid(x) * (1 + x * (1 - sigmoid(x)))."""
+    x = _tensor(x)
+    return x * x.sigmoid()
+
+
 class Dropout(Op):
     # y = x * keep, keep = Bernoulli(1 - p) / (1 - p) (inverted: the mean is unchanged)
     # dx = g * keep
@@ -639,5 +669,6 @@ __all__ = [
     "rms_norm",
     "rotary_tables",
     "scaled_dot_product_attention",
+    "silu",
     "softmax",
 ]

@@ -3,6 +3,7 @@
     python -m benchmarks                       # ops, kernels, train, generate on tiny, mid, small
     python -m benchmarks --suite ddp           # training tokens/s at 1 and 2 MPI ranks
     python -m benchmarks --suite tokenizer     # BPE: train 1,000 merges, encode the demo corpus
+    python -m benchmarks --suite llm           # SmolLM2-135M's shape: prefill, decode vs HF
     python -m benchmarks --quick               # small shapes, < 1 minute (the test suite runs it)
     python -m benchmarks --suite train --config V65/T128/L4/H4/C128/B16 --threads 2
     python -m benchmarks --json out.json --markdown docs/benchmarks.md --plot bench.png
@@ -34,9 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--suite",
         action="append",
-        choices=("ops", "kernels", "train", "generate", "ddp", "tokenizer"),
-        help="suite to run (repeatable; default: ops, kernels, train, generate; ddp and "
-        "tokenizer on request)",
+        choices=("ops", "kernels", "train", "generate", "ddp", "tokenizer", "llm"),
+        help="suite to run (repeatable; default: ops, kernels, train, generate; ddp, tokenizer "
+        "and llm (benchmarks.llm: its own table, fresh processes) on request)",
     )
     parser.add_argument(
         "--config",
@@ -99,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.configs import parse_config
     from benchmarks.runner import DEFAULT_SUITES, run_benchmarks
 
+    if args.suite and "llm" in args.suite:  # its own fresh processes and table
+        from benchmarks import llm
+
+        llm.main(["--threads", str(args.threads or 2), "--reps", str(args.reps or 3)])
+        args.suite = [s for s in args.suite if s != "llm"]
+        if not args.suite:
+            return 0
     if args.render:
         with open(args.render, encoding="utf-8") as f:
             results = json.load(f)

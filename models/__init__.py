@@ -1,4 +1,6 @@
-"""glassgrad's models: the GPT (models.gpt), its tokenizer and data, and the train/sample CLIs.
+"""glassgrad's models: one decoder (models.decoder) in two families, GPT-2 (models.gpt) and Llama
+(models.llama: Llama, Qwen2, Mistral, SmolLM2), the encoder and the encoder-decoder, tokenizers,
+data and the train/sample/chat CLIs.
 
 >>> from models import GPT, GPTConfig
 >>> model = GPT(GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=2, n_embd=32))
@@ -6,10 +8,41 @@
 ['transformer.wte.weight', 'transformer.wpe.weight']
 """
 
+from pathlib import Path
+from typing import Any
+
 from autograd import check_packages  # nn, imported by models.gpt, checks autograd
+from models.decoder import Decoder, DecoderConfig
 from models.gpt import GPT, GPTConfig
+from models.hf import read_config
+from models.llama import Llama
 from models.tokenizer import BPETokenizer, CharTokenizer
 
-__all__ = ["GPT", "BPETokenizer", "CharTokenizer", "GPTConfig"]
+FAMILIES = {"gpt2": GPT, "llama": Llama, "qwen2": Llama, "mistral": Llama}
+
+
+def from_pretrained(path: str | Path, dtype: Any = None) -> Decoder:
+    """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
+    model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama. Weights in dtype (default float32)."""
+    directory, config = read_config(path)
+    model_type = config.get("model_type")
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"{directory / 'config.json'}: model_type {model_type!r} is not supported (known: "
+            f"{', '.join(FAMILIES)})"
+        )
+    return FAMILIES[model_type].from_pretrained(path, dtype)
+
+
+__all__ = [
+    "GPT",
+    "BPETokenizer",
+    "CharTokenizer",
+    "Decoder",
+    "DecoderConfig",
+    "GPTConfig",
+    "Llama",
+    "from_pretrained",
+]
 
 check_packages("nn", "models")  # no folder of the same name may shadow glassgrad's

@@ -78,7 +78,12 @@ class Encoder(nn.Module):
         self.h = nn.ModuleList(
             [
                 nn.EncoderBlock(
-                    c.n_embd, c.n_head, c.dropout, pre_ln=c.pre_ln, rng=rng, n_layer=c.n_layer
+                    c.n_embd,
+                    c.n_head,
+                    dropout=c.dropout,
+                    pre_ln=c.pre_ln,
+                    rng=rng,
+                    n_layer=c.n_layer,
                 )
                 for _ in range(c.n_layer)
             ]

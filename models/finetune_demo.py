@@ -3,8 +3,9 @@
     python -m models.finetune_demo                 # a few minutes on 2 cores; runs/finetune
     python -m models.finetune_demo --quick         # seconds: what the tests run
 
-1. Pretrain (python -m models.train): a GPT on the demo corpus (27 standard-library modules)
-   with byte-level BPE, so that it has read their `def` lines.
+1. Pretrain (python -m models.train --arch llama): a small Llama-configured model (RMSNorm,
+   rotary positions, SwiGLU) on the demo corpus (27 standard-library modules) with byte-level
+   BPE, so that it has read their `def` lines.
 2. A conversation set from the same files (models/chat_data.py): "What are the parameters of
    bisect.insort_right?" -> "insort_right(a, x, lo=0, hi=None, *, key=None)", split by function;
    the held-out functions are never trained on.
@@ -24,29 +25,33 @@ from pathlib import Path
 from typing import Any
 
 import autograd
+import models
 import nn
 from models import chat_data
 from models import train as train_cli
-from models.gpt import GPT, IGNORE_INDEX
+from models.decoder import Decoder
+from models.gpt import IGNORE_INDEX
 from models.sft import chat_format, greedy_answer, sft_examples
 from models.tokenizer import load_tokenizer
 
 FULL = {
     "pretrain": ["--steps", "1500", "--n-layer", "4", "--n-head", "4", "--n-embd", "128"]
-    + ["--block-size", "160", "--batch-size", "16", "--vocab-size", "1024", "--eval-every", "500"],
+    + ["--block-size", "160", "--batch-size", "16", "--vocab-size", "1024", "--eval-every", "500"]
+    + ["--arch", "llama"],
     "finetune": ["--steps", "300", "--batch-size", "16", "--eval-every", "100"],
     "lr": {"lora": "3e-3", "full": "1e-3"},
 }
 QUICK = {
     "pretrain": ["--steps", "30", "--n-layer", "2", "--n-head", "2", "--n-embd", "32"]
-    + ["--block-size", "192", "--batch-size", "8", "--vocab-size", "600", "--eval-every", "30"],
+    + ["--block-size", "192", "--batch-size", "8", "--vocab-size", "600", "--eval-every", "30"]
+    + ["--arch", "llama"],
     "finetune": ["--steps", "30", "--batch-size", "8", "--eval-every", "30"],
     "lr": {"lora": "1e-2", "full": "3e-3"},
 }
 
 
 def held_out_metrics(
-    model: GPT, tokenizer: Any, conversations: list[list[dict[str, str]]]
+    model: Decoder, tokenizer: Any, conversations: list[list[dict[str, str]]]
 ) -> dict[str, Any]:
     """Loss on the held-out answers' tokens (mean over all of them) and exact greedy answers."""
     total, count = 0.0, 0
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"2. {len(train)} training conversations, {len(held)} held-out functions ({out})")
 
     tokenizer = load_tokenizer(base)
-    results = {"before": held_out_metrics(GPT.from_pretrained(base), tokenizer, held)}
+    results = {"before": held_out_metrics(models.from_pretrained(base), tokenizer, held)}
     for kind in ("lora", "full"):
         print(f"3. fine-tune ({kind}) with --sft: the loss on the assistant's tokens only")
         run = out / kind
@@ -98,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         code = train_cli.main(argv)
         if code:
             return code
-        model = GPT.from_pretrained(base)
+        model = models.from_pretrained(base)
         if kind == "lora":
             nn.load_adapter(run, model)
         else:
-            model = GPT.from_pretrained(run)
+            model = models.from_pretrained(run)
         results[kind] = held_out_metrics(model, tokenizer, held)
 
     print(f"\n4. on {len(held)} held-out functions (never trained on):")

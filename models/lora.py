@@ -16,8 +16,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import models
 import nn
-from models.gpt import GPT
 
 # files of a model directory that are not copied: the weights (written merged) and, in a training
 # run's directory, its state (the rest, e.g. the tokenizer, is copied as it is)
@@ -38,7 +38,7 @@ def merge(
     base, out = Path(base), Path(out)
     if out.resolve() == base.resolve():
         raise ValueError("models.lora merge: --out must not be the --base directory")
-    model = GPT.from_pretrained(base, dtype=dtype)
+    model = models.from_pretrained(base, dtype=dtype)
     nn.load_adapter(adapter, model)
     names = nn.unload_lora(model)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
-"""Continue a prompt with a trained GPT: `python -m models.sample --ckpt runs/demo --prompt "def "`.
+"""Continue a prompt: `python -m models.sample --ckpt runs/demo --prompt "def "`.
 
-Loads the checkpoint directory written by models.train (config.json + model.safetensors +
-tokenizer.json, or vocab.json + merges.txt for BPE: a GPT-2 download works too) and prints the
-prompt followed by the generated text (notes 12: one token at a time from the last position's
-distribution, with the KV cache unless --no-cache).
+Loads a checkpoint directory written by models.train (config.json + model.safetensors +
+tokenizer.json, or vocab.json + merges.txt for BPE) or a Hugging Face download of any family
+models.from_pretrained reads (GPT-2, Llama, Qwen2, Mistral, SmolLM2, ...), and prints the prompt
+followed by the generated text (notes 12: one token at a time from the last position's
+distribution, with the KV cache unless --no-cache), stopping at the model's end-of-text ids.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from models.gpt import GPT
+import models
+from models.decoder import Decoder
 from models.tokenizer import Tokenizer, load_tokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m models.sample", description="Generate text from a trained GPT checkpoint."
+        prog="python -m models.sample", description="Generate text from a model directory."
     )
     p.add_argument("--ckpt", default="runs/demo", help="checkpoint directory (default runs/demo)")
     p.add_argument("--prompt", default="def ", help="text to continue (default 'def ')")
@@ -34,10 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load(ckpt: str | Path) -> tuple[GPT, Tokenizer]:
+def load(ckpt: str | Path) -> tuple[Decoder, Tokenizer]:
     """The model and tokenizer of a checkpoint directory."""
     tokenizer = load_tokenizer(ckpt)  # first: its error says what a checkpoint directory holds
-    return GPT.from_pretrained(ckpt), tokenizer
+    return models.from_pretrained(ckpt), tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:

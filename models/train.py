@@ -15,7 +15,6 @@ keys, so that GPT.from_pretrained loads model.safetensors.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,13 @@ from typing import Any
 
 import numpy as np
 
+import models
 from models import loop
 from models.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
+from models.decoder import Decoder, DecoderConfig
 from models.gpt import GPT, IGNORE_INDEX, GPTConfig
+from models.hf import read_config
+from models.llama import Llama, llama_config
 from models.sft import chat_format, greedy_answer, pad_batch, read_conversations, sft_examples
 from models.tokenizer import load_tokenizer, save_tokenizer
 
@@ -68,6 +71,7 @@ class GPTTrainer(loop.Trainer):
         **loop.Trainer.DEFAULTS,
         "data": None,
         "sft": None,
+        "arch": "gpt2",
         "tokenizer": "char",
         "vocab_size": 1024,
         "out": "runs/demo",
@@ -90,6 +94,7 @@ class GPTTrainer(loop.Trainer):
         *loop.COMMON_RUN_DEFINING,
         "data",
         "sft",
+        "arch",
         "tokenizer",
         "vocab_size",
         "block_size",
@@ -104,6 +109,12 @@ class GPTTrainer(loop.Trainer):
             "per line; the loss counts the assistant's tokens only (with --init-from)",
         )
         add("--tokenizer", "characters or byte-level BPE", choices=["char", "bpe"])
+        add(
+            "--arch",
+            "the new model's family: GPT-2 (LayerNorm, learned positions, GELU) or Llama "
+            "(RMSNorm, rotary positions, SwiGLU)",
+            choices=["gpt2", "llama"],
+        )
         add("--vocab-size", "BPE vocabulary", type=int)
         add("--block-size", "context length", type=int)
         add("--eval-batches", "batches per evaluation", type=int)
@@ -119,6 +130,8 @@ class GPTTrainer(loop.Trainer):
             if settings["data"] is not None:
                 raise SystemExit("train: --sft and --data are two kinds of data: give one")
         if settings["init_from"]:
+            if "arch" in given:
+                raise SystemExit("train: --init-from brings its architecture; drop --arch")
             if "tokenizer" in given or "vocab_size" in given:
                 raise SystemExit("train: --init-from brings its tokenizer; drop --tokenizer")
             positions = _pretrained_config(Path(settings["init_from"])).block_size
@@ -137,8 +150,16 @@ class GPTTrainer(loop.Trainer):
         config = _pretrained_config(directory)
         return {k: getattr(config, k) for k in self.SHAPE}
 
-    def pretrained(self, directory: Path, settings: dict[str, Any]) -> GPT:
-        return GPT.from_pretrained(directory, dtype=settings["dtype"])
+    def pretrained(self, directory: Path, settings: dict[str, Any]) -> Decoder:
+        """Any family models.from_pretrained reads (a GPT-2 or Llama-family directory)."""
+        return models.from_pretrained(directory, dtype=settings["dtype"])
+
+    def build(self, settings: dict[str, Any], data: Any) -> Decoder:
+        if settings["arch"] == "gpt2":
+            return super().build(settings, data)
+        sizes = {k: settings[k] for k in ("n_layer", "n_head", "n_embd", "dropout")}
+        config = llama_config(**sizes, **self.config_fields(settings, data))
+        return Llama(config, rng=np.random.default_rng(settings["seed"])).to(settings["dtype"])
 
     def prepare(self, s: dict[str, Any], saved: Path | None) -> LanguageData | ChatData:
         if s["sft"] is not None:
@@ -161,8 +182,8 @@ class GPTTrainer(loop.Trainer):
         model.save_pretrained(out, metadata=stamp)
         save_tokenizer(data.tokenizer, out)
 
-    def load_model(self, out: Path, settings: dict[str, Any]) -> GPT:
-        return GPT.from_pretrained(out, dtype=settings["dtype"])
+    def load_model(self, out: Path, settings: dict[str, Any]) -> Decoder:
+        return models.from_pretrained(out, dtype=settings["dtype"])
 
     def batch(
         self, s: dict[str, Any], data: LanguageData, step: int, rank: int, world_size: int
@@ -272,11 +293,14 @@ def _chat_data(s: dict[str, Any], tokenizer: Any) -> ChatData:
     return ChatData(tokenizer, examples["train"], examples["val"], held, s["sft"], pad_id, evals)
 
 
-def _pretrained_config(directory: Path) -> GPTConfig:
-    path = directory / "config.json"
-    if not path.is_file():
-        raise SystemExit(f"train: --init-from {directory}: no config.json there")
-    return GPTConfig.from_hf_dict(json.loads(path.read_text(encoding="utf-8")))
+def _pretrained_config(directory: Path) -> DecoderConfig:
+    """The model settings of a directory models.from_pretrained reads, by its model_type."""
+    try:
+        directory, config = read_config(directory)
+        family = models.FAMILIES[config.get("model_type")]
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise SystemExit(f"train: --init-from {directory}: {exc}") from None
+    return family.config_from_hf(config, str(directory / "config.json"))
 
 
 def sample_text(model: GPT, tokenizer: Any, prompt: str, n_tokens: int, seed: int) -> str:

@@ -21,9 +21,22 @@ from nn.accumulate import (
     counted_targets,
     split_batch,
 )
-from nn.attention import Block, CausalSelfAttention, LayerKVCache
+from nn.attention import (
+    Attention,
+    Block,
+    CausalSelfAttention,
+    CrossAttention,
+    DecoderBlock,
+    EncoderBlock,
+    LayerKVCache,
+    RotaryPositions,
+    SelfAttention,
+    grouped_attention,
+    make_norm,
+)
 from nn.checkpoint import (
     CheckpointError,
+    iter_safetensors,
     join_optimizer_state,
     load_checkpoint,
     load_safetensors,
@@ -38,6 +51,7 @@ from nn.layers import (
     MLP,
     Dropout,
     Embedding,
+    GatedMLP,
     LayerNorm,
     Linear,
     ReLU,
@@ -55,10 +69,6 @@ from nn.lora import (
 from nn.module import Module, ModuleList, Parameter, Sequential
 from nn.optim import clip_grad_norm_
 from nn.transformer import (
-    CrossAttention,
-    DecoderBlock,
-    EncoderBlock,
-    SelfAttention,
     SinusoidalPositions,
     position_embedding,
     sinusoidal_table,
@@ -67,6 +77,7 @@ from nn.transformer import (
 __all__ = [
     "GELU",
     "MLP",
+    "Attention",
     "Block",
     "CausalSelfAttention",
     "CheckpointError",
@@ -74,6 +85,7 @@ __all__ = [
     "DecoderBlock",
     "Dropout",
     "Embedding",
+    "GatedMLP",
     "EncoderBlock",
     "LayerKVCache",
     "LayerNorm",
@@ -83,6 +95,7 @@ __all__ = [
     "ModuleList",
     "Parameter",
     "RMSNorm",
+    "RotaryPositions",
     "ReLU",
     "SelfAttention",
     "Sequential",
@@ -93,9 +106,12 @@ __all__ = [
     "apply_rotary",
     "clip_grad_norm_",
     "counted_targets",
+    "iter_safetensors",
     "join_optimizer_state",
+    "grouped_attention",
     "linear",
     "load_adapter",
+    "make_norm",
     "load_checkpoint",
     "load_safetensors",
     "merge_lora",

@@ -1,16 +1,45 @@
-"""The Transformer pieces: causal self-attention (+ KV cache, rotary positions) and the Block.
+"""Attention and the Transformer block, one family for the decoder, the encoder and both together.
 
-Submodule names follow Hugging Face GPT-2 (`c_attn`, `c_proj`, `ln_1`, `attn`, `ln_2`, `mlp`), so
-checkpoints map 1:1. Shapes: B batch, T positions, C = n_embd, H heads, D = C / H per head.
+The three architectures differ in who may read whom (notes 8.7):
+- decoder-only (GPT-2, Llama): causal self-attention, position i reads j <= i;
+- encoder-only: bidirectional self-attention, every (real) token reads every real token;
+- encoder-decoder: the decoder's causal self-attention, then cross-attention: Q from the decoder
+  stream, K/V from the encoder's output (the memory), so the weights are target x source.
+All of them are `Attention`; `CausalSelfAttention`, `SelfAttention` and `CrossAttention` only fix
+its settings and the call signature. The same class covers the variants the open models use:
+rotary positions (notes 8.6), fewer K/V heads than query heads (notes 8.1: grouped-query, or
+multi-query with one K/V head), biases on q/k/v only (Qwen2), and a KV cache for generation.
+
+Parameter names follow Hugging Face: GPT-2's fused `c_attn` (C, 3C) = W_Q | W_K | W_V and
+`c_proj` = W_O (layout "gpt2"; cross-attention: `c_q` and `c_kv`), or Llama's `q_proj`, `k_proj`,
+`v_proj`, `o_proj` (layout "llama"). Weights are glassgrad's row-vector (in, out) either way.
+Shapes: B batch, T positions, C = n_embd, H query heads, Hkv K/V heads, D per head.
+
+key_mask is an allowed set like the causal mask (notes 7.4): a boolean (B, Tk) array, True where
+the key is a real token; every row needs at least one.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import numpy as np
 
 import autograd.functional as F
 from autograd import Tensor, is_grad_enabled
-from nn.layers import MLP, Dropout, LayerNorm, Linear, _rng, child_rng, residual_projection
+from autograd.ops import broadcast_to
+from nn.layers import (
+    MLP,
+    Dropout,
+    GatedMLP,
+    LayerNorm,
+    Linear,
+    RMSNorm,
+    _rng,
+    child_rng,
+    residual_projection,
+)
 from nn.module import Module
 
 
@@ -19,7 +48,8 @@ class LayerKVCache:
 
     In a causal network a new token does not change what earlier positions may see, so their K/V
     never change: each step appends only the new positions' K/V (O(t * D) per append, the past is
-    never copied again) and attends over all of them.
+    never copied again) and attends over all of them. It holds the Hkv K/V heads, never the copies
+    grouped-query attention shares among query heads.
     """
 
     def __init__(
@@ -49,113 +79,408 @@ class LayerKVCache:
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
-    def reset(self) -> None:
-        """Forget the cached positions (the buffers are reused)."""
-        self.length = 0
+    def reset(self, length: int = 0) -> None:
+        """Keep only the first `length` cached positions (default none; the buffers are reused)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"LayerKVCache.reset: length {length} not in [0, {self.length}]")
+        self.length = length
 
 
-class CausalSelfAttention(Module):
-    """Multi-head causal self-attention (notes 7.4, 8.1) with a fused q/k/v projection.
+class RotaryPositions:
+    """The cos/sin tables of rotary positions (notes 8.6) that all layers of a model share.
 
-    `c_attn` (C, 3C) holds W_Q | W_K | W_V side by side (GPT-2's layout); its output columns are
-    [q | k | v], each split into heads as (B, T, H, D) -> (B, H, T, D). The heads' outputs are
-    concatenated back to (B, T, C) and projected by `c_proj` (W_O, notes 8.1).
+    theta is HF's rope_theta, scaling its rope_scaling (None or "llama3"). The tables are made for
+    the positions used so far and grow on demand up to max_len (Llama 3.2 allows 131072).
+    """
+
+    def __init__(
+        self, head_dim: int, max_len: int, theta: float = 10000.0, scaling: dict | None = None
+    ) -> None:
+        self.head_dim, self.max_len, self.theta, self.scaling = head_dim, max_len, theta, scaling
+        self.cos, self.sin = F.rotary_tables(min(max_len, 256), head_dim, theta, scaling)
+
+    def __call__(self, x: Tensor, offset: int) -> Tensor:
+        """x (B, H, T, D) rotated for the positions offset .. offset + T - 1."""
+        end = offset + x.shape[-2]
+        if end > self.cos.shape[0] and self.cos.shape[0] < self.max_len:
+            size = min(self.max_len, max(end, 2 * self.cos.shape[0]))
+            self.cos, self.sin = F.rotary_tables(size, self.head_dim, self.theta, self.scaling)
+        return F.apply_rotary(x, self.cos, self.sin, offset)
+
+
+def _attention_mask(layer: str, key_mask: Any, batch: int, n_keys: int) -> Any:
+    """A (B, Tk) allowed set as the (B, 1, 1, Tk) mask F.scaled_dot_product_attention broadcasts
+    over heads and queries; None when there is nothing to mask.
+
+    An all-True mask becomes None too: attention then runs the fused kernel instead of the explicit
+    (Tq, Tk) masked path (same result, cheaper).
+    """
+    if key_mask is None:
+        return None
+    mask = np.asarray(key_mask.data if isinstance(key_mask, Tensor) else key_mask)
+    if mask.dtype != np.bool_ or mask.shape != (batch, n_keys):
+        raise ValueError(
+            f"{layer}: key_mask must be a boolean (B, Tk) = {(batch, n_keys)} allowed set "
+            f"(True = a real token), got dtype {mask.dtype} shape {mask.shape}"
+        )
+    empty = ~mask.any(axis=1)
+    if empty.any():
+        raise ValueError(
+            f"{layer}: key_mask row {int(np.argmax(empty))} allows no key; every sequence needs "
+            "at least one real token (notes 7.4)"
+        )
+    return None if mask.all() else mask[:, None, None, :]
+
+
+def _split_heads(t: Tensor, n_head: int) -> Tensor:
+    """(B, T, H * D) -> (B, H, T, D): column block h is head h (notes 8.1)."""
+    B, T, C = t.shape
+    return t.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
+
+
+def _merge_heads(t: Tensor) -> Tensor:
+    """(B, H, T, D) -> (B, T, H * D): the heads' outputs concatenated (notes 8.1)."""
+    B, H, T, D = t.shape
+    return t.transpose(0, 2, 1, 3).reshape(B, T, H * D)
+
+
+def grouped_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, mask: Any = None) -> Tensor:
+    """softmax(q k^T / sqrt(D)) v with q (B, H, Tq, D) and k, v (B, Hkv, Tk, D), Hkv dividing H:
+    query head h reads K/V head h // (H / Hkv) (notes 8.1; HF's repeat_kv order)."""
+    B, H, Tq, D = q.shape
+    n_kv = k.shape[1]
+    if n_kv == H:
+        return F.scaled_dot_product_attention(q, k, v, causal=causal, mask=mask)
+    group = H // n_kv
+    if Tq == 1:  # one position reads every key: a group's heads become query rows of its K/V head
+        y = F.scaled_dot_product_attention(q.reshape(B, n_kv, group, D), k, v, False, mask)
+        return y.reshape(B, H, 1, D)
+    Tk = k.shape[2]
+    k, v = (
+        broadcast_to(t.reshape(B, n_kv, 1, Tk, D), (B, n_kv, group, Tk, D)).reshape(B, H, Tk, D)
+        for t in (k, v)
+    )
+    return F.scaled_dot_product_attention(q, k, v, causal=causal, mask=mask)
+
+
+class Attention(Module):
+    """Multi-head attention (notes 7.4, 8.1): project, split into heads, optionally rotate (8.6)
+    and cache, attend, concatenate the heads and project back (W_O).
+
+    causal: position i reads j <= i. cross: K/V come from a memory (the encoder's output) instead
+    of x. n_kv_head (default n_head) K/V heads shared by groups of query heads. rotary: a
+    RotaryPositions shared by the model's layers, True for tables of max_len of this layer's own,
+    or False. qkv_bias (default bias): biases on the q/k/v projections; bias: on W_O.
     """
 
     def __init__(
         self,
         n_embd: int,
         n_head: int,
-        dropout: float = 0.0,
-        bias: bool = True,
-        rotary: bool = False,
+        *,
+        n_kv_head: int | None = None,
+        head_dim: int | None = None,
+        causal: bool = True,
+        cross: bool = False,
+        layout: str = "gpt2",
+        rotary: bool | RotaryPositions = False,
         max_len: int = 1024,
+        bias: bool = True,
+        qkv_bias: bool | None = None,
+        dropout: float = 0.0,
         rng: np.random.Generator | None = None,
         n_layer: int = 1,
     ) -> None:
         super().__init__()
-        if n_embd % n_head:
-            raise ValueError(
-                f"CausalSelfAttention: n_embd {n_embd} must be divisible by n_head {n_head}"
-            )
+        name = type(self).__name__
+        n_kv_head = n_head if n_kv_head is None else n_kv_head
+        if head_dim is None and n_embd % n_head:
+            raise ValueError(f"{name}: n_embd {n_embd} must be divisible by n_head {n_head}")
+        if n_kv_head < 1 or n_head % n_kv_head:
+            raise ValueError(f"{name}: n_kv_head {n_kv_head} must divide n_head {n_head}")
+        if layout not in ("gpt2", "llama"):
+            raise ValueError(f"{name}: layout must be 'gpt2' or 'llama', got {layout!r}")
+        if layout == "gpt2" and not cross and n_kv_head != n_head:
+            raise ValueError(f"{name}: GPT-2's fused c_attn needs n_kv_head == n_head")
         rng = _rng(rng)
-        self.n_embd = n_embd
-        self.n_head = n_head
-        self.head_dim = n_embd // n_head
-        self.rotary = rotary
-        self.max_len = max_len
-        self.c_attn = Linear(n_embd, 3 * n_embd, bias=bias, rng=rng)
-        self.c_proj = residual_projection(n_embd, n_embd, bias, rng, n_layer)
+        self.n_embd, self.n_head, self.n_kv_head = n_embd, n_head, n_kv_head
+        self.head_dim = n_embd // n_head if head_dim is None else head_dim
+        self.causal, self.cross, self.layout = causal, cross, layout
+        q_width, kv_width = n_head * self.head_dim, n_kv_head * self.head_dim
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        if layout == "llama":
+            self.q_proj = Linear(n_embd, q_width, bias=qkv_bias, rng=rng)
+            self.k_proj = Linear(n_embd, kv_width, bias=qkv_bias, rng=rng)
+            self.v_proj = Linear(n_embd, kv_width, bias=qkv_bias, rng=rng)
+        elif cross:
+            self.c_q = Linear(n_embd, q_width, bias=qkv_bias, rng=rng)
+            self.c_kv = Linear(n_embd, 2 * kv_width, bias=qkv_bias, rng=rng)
+        else:
+            self.c_attn = Linear(n_embd, 3 * q_width, bias=qkv_bias, rng=rng)
+        out = residual_projection(q_width, n_embd, bias, rng, n_layer)
+        self.add_module("o_proj" if layout == "llama" else "c_proj", out, role="c_proj")
         self.resid_dropout = Dropout(dropout, rng=child_rng(rng))
-        if rotary:
-            self._cos, self._sin = F.rotary_tables(max_len, self.head_dim)
+        if rotary is True:
+            rotary = RotaryPositions(self.head_dim, max_len)
+        self.rotary = rotary or None
 
-    def forward(self, x: Tensor, kv_cache: LayerKVCache | None = None) -> Tensor:
+    # --- the projections, per layout ----------------------------------------------------------
+    def _check(self, what: str, x: Tensor) -> None:
         if x.ndim != 3 or x.shape[-1] != self.n_embd:
-            raise ValueError(f"CausalSelfAttention: x must be (B, T, {self.n_embd}), got {x.shape}")
-        B, T, C = x.shape
-        H, D = self.n_head, self.head_dim
-        # One (C, 3C) product; its columns [q | k | v] split into heads: (B, T, 3, H, D) ->
-        # (3, B, H, T, D). (Measured faster than three (C, C) products on column slices of W.)
-        qkv = self.c_attn(x).reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
+            raise ValueError(
+                f"{type(self).__name__}: {what} must be (B, T, n_embd={self.n_embd}), got {x.shape}"
+            )
+
+    def _queries(self, x: Tensor) -> Tensor:
+        return _split_heads((self.q_proj if self.layout == "llama" else self.c_q)(x), self.n_head)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values (B, Hkv, Tk, D) of what is attended to: a cross-attention's memory (the
+        encoder output; during generation projected once and passed as memory_kv)."""
+        self._check("memory", memory)
+        if self.layout == "llama":
+            return _split_heads(self.k_proj(memory), self.n_kv_head), _split_heads(
+                self.v_proj(memory), self.n_kv_head
+            )
+        B, Tk, _ = memory.shape
+        kv = self.c_kv(memory).reshape(B, Tk, 2, self.n_kv_head, self.head_dim)
+        kv = kv.transpose(2, 0, 3, 1, 4)
+        return kv[0], kv[1]
+
+    def _project(
+        self, x: Tensor, memory: Tensor | None, memory_kv: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, H, Tq, D) from x; k, v (B, Hkv, Tk, D) from x, or from the memory."""
+        if self.cross:
+            if (memory is None) == (memory_kv is None):
+                raise ValueError(f"{type(self).__name__}: pass exactly one of memory and memory_kv")
+            k, v = self.memory_kv(memory) if memory_kv is None else memory_kv
+            if x.shape[0] != k.shape[0]:
+                raise ValueError(
+                    f"{type(self).__name__}: x {x.shape} and the memory's keys {k.shape} must "
+                    "have the same batch size"
+                )
+            return self._queries(x), k, v
+        if self.layout == "llama":
+            return self._queries(x), *self.memory_kv(x)
+        # GPT-2: one (C, 3C) product; its columns [q | k | v] split into heads: (B, T, 3, H, D)
+        # -> (3, B, H, T, D). (Measured faster than three (C, C) products on column slices of W.)
+        B, T, _ = x.shape
+        qkv = self.c_attn(x).reshape(B, T, 3, self.n_head, self.head_dim).transpose(2, 0, 3, 1, 4)
+        return qkv[0], qkv[1], qkv[2]
+
+    # --- attention ----------------------------------------------------------------------------
+    def attend(
+        self,
+        x: Tensor,
+        key_mask: Any = None,
+        kv_cache: LayerKVCache | None = None,
+        memory: Tensor | None = None,
+        memory_kv: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """x (B, Tq, C) -> (B, Tq, C). key_mask (B, Tk) masks the keys (padding); kv_cache: x holds
+        the positions after the cached ones (generation); memory / memory_kv: cross-attention's
+        source, as the encoder's output or its keys and values projected already."""
+        self._check("x", x)
+        q, k, v = self._project(x, memory, memory_kv)
         offset = 0 if kv_cache is None else kv_cache.length
-        if self.rotary:
-            q = F.apply_rotary(q, self._cos, self._sin, offset)
-            k = F.apply_rotary(k, self._cos, self._sin, offset)
+        if self.rotary is not None:
+            q, k = self.rotary(q, offset), self.rotary(k, offset)
         if kv_cache is not None:
-            if is_grad_enabled() and qkv.requires_grad:
+            if is_grad_enabled() and (k.requires_grad or v.requires_grad):
                 raise RuntimeError(
-                    "CausalSelfAttention: the KV cache holds constants, so gradients cannot flow "
-                    "through it; run generation under autograd.no_grad()"
+                    f"{type(self).__name__}: the KV cache holds constants, so gradients cannot "
+                    "flow through it; run generation under autograd.no_grad()"
                 )
             k_all, v_all = kv_cache.append(k.data, v.data)
-            k = Tensor(k_all, dtype=k_all.dtype)
-            v = Tensor(v_all, dtype=v_all.dtype)
+            k, v = Tensor(k_all, dtype=k_all.dtype), Tensor(v_all, dtype=v_all.dtype)
+        mask = _attention_mask(type(self).__name__, key_mask, k.shape[0], k.shape[2])
         # Causal, bottom-right aligned: new query i (at offset + i) reads keys j <= offset + i.
-        y = F.scaled_dot_product_attention(q, k, v, causal=True)
-        y = y.transpose(0, 2, 1, 3).reshape(B, T, C)  # concatenate the heads (notes 8.1)
-        return self.resid_dropout(self.c_proj(y))
+        y = grouped_attention(q, k, v, self.causal, mask)
+        return self.resid_dropout(self.c_proj(_merge_heads(y)))
 
     def extra_repr(self) -> str:
-        return f"n_embd={self.n_embd}, n_head={self.n_head}, rotary={self.rotary}"
+        kv = "" if self.n_kv_head == self.n_head else f", n_kv_head={self.n_kv_head}"
+        return (
+            f"n_embd={self.n_embd}, n_head={self.n_head}{kv}, causal={self.causal}, "
+            f"rotary={self.rotary is not None}"
+        )
+
+
+class CausalSelfAttention(Attention):
+    """The decoder's self-attention (GPT-2's, Llama's): position i reads j <= i."""
+
+    def __init__(self, n_embd: int, n_head: int, **settings: Any) -> None:
+        super().__init__(n_embd, n_head, causal=True, **settings)
+
+    def forward(self, x: Tensor, kv_cache: LayerKVCache | None = None) -> Tensor:
+        return self.attend(x, kv_cache=kv_cache)
+
+
+class SelfAttention(Attention):
+    """The encoder's self-attention (notes 8.7): every real token reads every real token."""
+
+    def __init__(self, n_embd: int, n_head: int, **settings: Any) -> None:
+        super().__init__(n_embd, n_head, causal=False, **settings)
+
+    def forward(self, x: Tensor, key_mask: Any = None) -> Tensor:
+        return self.attend(x, key_mask=key_mask)
+
+
+class CrossAttention(Attention):
+    """Cross-attention (notes 8.7): queries from x (B, Tq, C), the decoder stream; keys and
+    values from memory (B, Tk, C), the encoder's output. Tq and Tk may differ; no causal mask:
+    every target position may read the whole source."""
+
+    def __init__(self, n_embd: int, n_head: int, **settings: Any) -> None:
+        super().__init__(n_embd, n_head, causal=False, cross=True, **settings)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        key_mask: Any = None,
+        memory_kv: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        return self.attend(x, key_mask, memory=memory, memory_kv=memory_kv)
+
+    def attention_weights(self, x: Tensor, memory: Tensor, key_mask: Any = None) -> np.ndarray:
+        """The weights A = softmax(q k^T / sqrt(D)) forward uses, (B, H, Tq, Tk): one row per
+        target position, one column per source position; masked keys get exactly 0."""
+        self._check("x", x)
+        q, k, _ = self._project(x, memory, None)
+        scores = q.data @ k.data.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+        mask = _attention_mask(type(self).__name__, key_mask, k.shape[0], k.shape[2])
+        if mask is not None:
+            scores = np.where(mask, scores, -np.inf)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        return weights / weights.sum(axis=-1, keepdims=True)
+
+
+# --- the block (notes 8.5) ----------------------------------------------------------------------
+
+# Llama's names for the parts GPT-2 calls ln_1, attn, ln_2 (the block's forward reads GPT-2's).
+LLAMA_BLOCK_NAMES = {
+    "ln_1": "input_layernorm",
+    "attn": "self_attn",
+    "ln_2": "post_attention_layernorm",
+}
+
+
+def make_norm(kind: str, n: int, eps: float = 1e-5, bias: bool = True) -> Module:
+    """LayerNorm (GPT-2, notes 8.4) or RMSNorm (Llama: no centring, no bias)."""
+    if kind == "layernorm":
+        return LayerNorm(n, eps=eps, bias=bias)
+    if kind == "rmsnorm":
+        return RMSNorm(n, eps=eps)
+    raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
 
 
 class Block(Module):
-    """One Transformer layer (notes 8.5): attention then MLP, each with a residual and a LayerNorm.
+    """One Transformer layer (notes 8.5): self-attention, optionally cross-attention to a memory
+    (the 2017 decoder's), then the MLP; each a residual branch with its norm.
 
-    pre_ln=True (default, GPT-2):  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x)).
-    pre_ln=False (Post-LN, the 2017 paper):  x = ln_1(x + attn(x));  x = ln_2(x + mlp(x)).
+    pre_ln=True (GPT-2, Llama):  x = x + attn(ln_1(x));  [x = x + cross_attn(ln_2(x), memory)];
+                                 x = x + mlp(ln(x)).
+    pre_ln=False (Post-LN, the 2017 paper):  x = ln_1(x + attn(x));  ...;  x = ln(x + mlp(x)).
+    Settings: causal (decoder) or not (encoder); norm "layernorm" | "rmsnorm" (eps); mlp "gelu"
+    (c_fc, c_proj) | "swiglu" (gate_proj, up_proj, down_proj) of ffn_hidden units (default
+    4 * n_embd); attention settings (n_kv_head, rotary, qkv_bias, ...) go to Attention. layout
+    "llama" names the parts as Llama does (LLAMA_BLOCK_NAMES).
     """
 
     def __init__(
         self,
         n_embd: int,
         n_head: int,
-        dropout: float = 0.0,
-        bias: bool = True,
-        rotary: bool = False,
-        max_len: int = 1024,
+        *,
+        causal: bool = True,
+        cross: bool = False,
         pre_ln: bool = True,
+        norm: str = "layernorm",
+        norm_eps: float = 1e-5,
+        mlp: str = "gelu",
+        ffn_hidden: int | None = None,
+        mlp_bias: bool | None = None,
+        layout: str = "gpt2",
+        bias: bool = True,
+        dropout: float = 0.0,
         rng: np.random.Generator | None = None,
         n_layer: int = 1,
+        **attention: Any,
     ) -> None:
         super().__init__()
         rng = _rng(rng)
         self.pre_ln = pre_ln
-        self.ln_1 = LayerNorm(n_embd, bias=bias)
-        self.attn = CausalSelfAttention(
-            n_embd, n_head, dropout, bias, rotary, max_len, rng=rng, n_layer=n_layer
+        names = LLAMA_BLOCK_NAMES if layout == "llama" else {}
+        shared = dict(layout=layout, bias=bias, dropout=dropout, rng=rng, n_layer=n_layer)
+        attn = (CausalSelfAttention if causal else SelfAttention)(
+            n_embd, n_head, **shared, **attention
         )
-        self.ln_2 = LayerNorm(n_embd, bias=bias)
-        self.mlp = MLP(n_embd, dropout, bias, rng=rng, n_layer=n_layer)
+        self.add_module(names.get("ln_1", "ln_1"), make_norm(norm, n_embd, norm_eps, bias), "ln_1")
+        self.add_module(names.get("attn", "attn"), attn, "attn")
+        self.cross_attn = None
+        if cross:
+            self.ln_2 = make_norm(norm, n_embd, norm_eps, bias)
+            # The memory's positions are the source's, not the target's: no rotary here.
+            cross = {**attention, "rotary": False}
+            self.cross_attn = CrossAttention(n_embd, n_head, **shared, **cross)
+        mlp_norm = "ln_3" if cross else names.get("ln_2", "ln_2")
+        self.add_module(mlp_norm, make_norm(norm, n_embd, norm_eps, bias), "ln_mlp")
+        mlp_bias = bias if mlp_bias is None else mlp_bias
+        if mlp == "gelu":
+            self.mlp = MLP(n_embd, dropout, mlp_bias, rng=rng, n_layer=n_layer, hidden=ffn_hidden)
+        elif mlp == "swiglu":
+            self.mlp = GatedMLP(n_embd, ffn_hidden or 4 * n_embd, mlp_bias, rng, n_layer)
+        else:
+            raise ValueError(f"Block: mlp must be 'gelu' or 'swiglu', got {mlp!r}")
 
-    def forward(self, x: Tensor, kv_cache: LayerKVCache | None = None) -> Tensor:
+    def _residual(self, x: Tensor, norm: Module, branch: Any) -> Tensor:
         if self.pre_ln:
-            x = x + self.attn(self.ln_1(x), kv_cache)
-            return x + self.mlp(self.ln_2(x))
-        x = self.ln_1(x + self.attn(x, kv_cache))
-        return self.ln_2(x + self.mlp(x))
+            return x + branch(norm(x))
+        return norm(x + branch(x))
+
+    def forward(
+        self,
+        x: Tensor,
+        kv_cache: LayerKVCache | None = None,
+        key_mask: Any = None,
+        memory: Tensor | None = None,
+        memory_kv: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """key_mask masks the padding of what the block reads besides x itself: the memory when
+        it has cross-attention, else x's own positions (the encoder)."""
+        self_mask = None if self.cross_attn is not None else key_mask
+        x = self._residual(x, self.ln_1, lambda h: self.attn.attend(h, self_mask, kv_cache))
+        if self.cross_attn is not None:
+            x = self._residual(
+                x, self.ln_2, lambda h: self.cross_attn.attend(h, key_mask, None, memory, memory_kv)
+            )
+        return self._residual(x, self.ln_mlp, self.mlp)
 
     def extra_repr(self) -> str:
         return "" if self.pre_ln else "post_ln"
+
+
+class EncoderBlock(Block):
+    """An encoder layer (notes 8.7): bidirectional self-attention over the real tokens, then MLP."""
+
+    def __init__(self, n_embd: int, n_head: int, **settings: Any) -> None:
+        super().__init__(n_embd, n_head, causal=False, **settings)
+
+    def forward(self, x: Tensor, key_mask: Any = None) -> Tensor:
+        return super().forward(x, key_mask=key_mask)
+
+
+class DecoderBlock(Block):
+    """A decoder layer of the 2017 Transformer (notes 8.7): causal self-attention (ln_1, attn),
+    cross-attention to the encoder's output (ln_2, cross_attn), MLP (ln_3, mlp). Generation
+    passes kv_cache (the self-attention's past K/V) and memory_kv (the cross-attention's K/V,
+    projected once from the encoder output) instead of memory."""
+
+    def __init__(self, n_embd: int, n_head: int, **settings: Any) -> None:
+        super().__init__(n_embd, n_head, cross=True, **settings)
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, key_mask: Any = None, **cached: Any):
+        """cached: kv_cache and memory_kv during generation."""
+        return super().forward(x, key_mask=key_mask, memory=memory, **cached)

@@ -16,7 +16,7 @@ import json
 import os
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,17 @@ def load_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
 
     Raises CheckpointError for a truncated, foreign or inconsistent file.
     """
+    metadata: dict[str, str] = {}
+    arrays = dict(iter_safetensors(path, metadata))
+    return arrays, metadata
+
+
+def iter_safetensors(
+    path: str | os.PathLike, metadata: dict[str, str] | None = None
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, array) for each tensor of a safetensors file, read one at a time (a large file is
+    never held twice); BF16 tensors come back as float32. The header is checked whole before the
+    first tensor is read; `metadata`, if given, receives the file's string metadata."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -155,11 +166,13 @@ def load_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
             raise CheckpointError(f"{path}: the header is not valid JSON ({exc})") from None
         if not isinstance(header, dict):
             raise CheckpointError(f"{path}: the header is not a JSON object")
-        metadata = header.pop("__metadata__", None) or {}
-        if not isinstance(metadata, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+        found = header.pop("__metadata__", None) or {}
+        if not isinstance(found, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in found.items()
         ):
             raise CheckpointError(f"{path}: __metadata__ must map strings to strings")
+        if metadata is not None:
+            metadata.update(found)
         entries = sorted(
             ((name, *_check_entry(path, name, info)) for name, info in header.items()),
             key=lambda entry: entry[3][0],
@@ -178,17 +191,16 @@ def load_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
                 f"{path}: the header describes {expected} data bytes but the file holds "
                 f"{data_size} (truncated or trailing data)"
             )
-        arrays = {}
         for name, dtype, shape, (begin, end) in entries:
             array = np.empty(shape, dtype=np.dtype("<u2") if dtype == "BF16" else _DTYPES[dtype])
             if f.readinto(memoryview(array.reshape(-1)).cast("B")) != end - begin:
                 raise CheckpointError(f"{path}: truncated while reading tensor {name!r}")
-            if dtype == "BF16":  # bfloat16 is the top half of a float32
+            if dtype == "BF16":  # bfloat16 is the top half of a float32: shift its bits up
                 array = (array.astype(np.uint32) << 16).view(np.float32)
-            arrays[name] = (
-                array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+            yield (
+                name,
+                (array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))),
             )
-    return arrays, metadata
 
 
 def _check_entry(path: Path, name: str, info: Any) -> tuple[str, tuple[int, ...], tuple[int, int]]:
@@ -197,7 +209,10 @@ def _check_entry(path: Path, name: str, info: Any) -> tuple[str, tuple[int, ...]
         raise CheckpointError(f"{path}: malformed header entry for {name!r}: {info!r}")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     if not isinstance(dtype, str) or (dtype not in _DTYPES and dtype != "BF16"):
-        raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype!r}")
+        raise CheckpointError(
+            f"{path}: tensor {name!r} has unsupported dtype {dtype!r} (supported: BF16, "
+            f"{', '.join(_DTYPES)})"
+        )
     ints = shape + offsets if isinstance(shape, list) and isinstance(offsets, list) else None
     if ints is None or len(offsets) != 2 or not all(type(x) is int and x >= 0 for x in ints):
         raise CheckpointError(f"{path}: tensor {name!r} has an invalid shape or data_offsets")

@@ -1,4 +1,4 @@
-"""The basic layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, GELU, ReLU and the MLP.
+"""The basic layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, GELU, ReLU and the MLPs.
 
 Row-vector convention (notes 3.2): a layer computes `x @ W + b` with `W` shaped (in, out).
 Every layer creates its parameters in `autograd.get_default_dtype()` and draws its initial values
@@ -164,9 +164,9 @@ class ReLU(Module):
 class MLP(Module):
     """The position-wise feed-forward network (notes 8.2): GELU(x W1 + b1) W2 + b2, then dropout.
 
-    Hidden size 4 * n_embd; `c_fc`/`c_proj` are GPT-2's names. c_proj writes into the residual
-    stream, so its init std is 0.02 / sqrt(2 * n_layer) (GPT-2: keeps the residual sum's variance
-    from growing with depth).
+    Hidden size `hidden` (default 4 * n_embd); `c_fc`/`c_proj` are GPT-2's names. c_proj writes
+    into the residual stream, so its init std is 0.02 / sqrt(2 * n_layer) (GPT-2: keeps the
+    residual sum's variance from growing with depth).
     """
 
     def __init__(
@@ -176,13 +176,38 @@ class MLP(Module):
         bias: bool = True,
         rng: np.random.Generator | None = None,
         n_layer: int = 1,
+        hidden: int | None = None,
     ) -> None:
         super().__init__()
         rng = _rng(rng)
-        self.c_fc = Linear(n_embd, 4 * n_embd, bias=bias, rng=rng)
+        hidden = 4 * n_embd if hidden is None else hidden
+        self.c_fc = Linear(n_embd, hidden, bias=bias, rng=rng)
         self.gelu = GELU("tanh")
-        self.c_proj = residual_projection(4 * n_embd, n_embd, bias, rng, n_layer)
+        self.c_proj = residual_projection(hidden, n_embd, bias, rng, n_layer)
         self.dropout = Dropout(dropout, rng=child_rng(rng))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class GatedMLP(Module):
+    """Llama's feed-forward network, SwiGLU (notes 8.2's gated FFN):
+    down_proj(silu(x W_gate) * (x W_up)). The gate decides, per hidden unit, how much of the up
+    projection passes; three matrices instead of two, so `hidden` is usually ~8/3 n_embd."""
+
+    def __init__(
+        self,
+        n_embd: int,
+        hidden: int,
+        bias: bool = False,
+        rng: np.random.Generator | None = None,
+        n_layer: int = 1,
+    ) -> None:
+        super().__init__()
+        rng = _rng(rng)
+        self.gate_proj = Linear(n_embd, hidden, bias=bias, rng=rng)
+        self.up_proj = Linear(n_embd, hidden, bias=bias, rng=rng)
+        self.down_proj = residual_projection(hidden, n_embd, bias, rng, n_layer)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -184,3 +184,16 @@ def _flops(config):
 def test_step_products_time_on_threads(whole):
     seconds = products.measure_step("numpy", "V11/T16/L1/H2/C8/B4", 2, reps=2, whole=whole)
     assert 0 < seconds < 1
+
+
+def test_llm_suite_times_a_tiny_llama_in_fresh_processes(capsys):
+    # The real run writes a SmolLM2-135M-shaped directory; --tiny runs the same code on a tiny
+    # one. The workers are `python -m benchmarks.llm` processes started from the repository root.
+    from benchmarks import llm
+
+    assert llm.main(["--tiny", "--rounds", "1", "--reps", "1", "--prompt", "8", "--new", "64"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| glassgrad |"))
+    prefill, decode, rss = (float(cell) for cell in row.strip("| ").split(" | ")[1:])
+    assert prefill > 0 and decode > 0 and rss > 0
+    assert "HF transformers" in out or "no HF column" in out

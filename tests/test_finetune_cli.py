@@ -1,15 +1,23 @@
 """python -m models.train as a fine-tuning job: --init-from, --freeze, --lora-*, --grad-accum,
 and python -m models.lora merge on what a LoRA run saved (docs/finetune.md)."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import models
 import nn
+from benchmarks import finetune as bench
 from models import chat_data, finetune_demo
 from models import lora as models_lora
 from models.gpt import GPT
-from models.sft import chatml
+from models.sft import chat_format, chatml, conversation_segments
+from models.tokenizer import load_tokenizer
 from models.train import TRAINER
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n"
@@ -147,10 +155,42 @@ def test_sft_trains_the_assistant_tokens_only_and_the_demo_moves_the_held_out_me
     }
     assert rows["LoRA r 8"] < rows["pretrained"] and rows["full"] < rows["pretrained"] - 0.5
     assert "432 training conversations, 48 held-out functions" in printed
+    assert json.loads((tmp_path / "base" / "config.json").read_text())["model_type"] == "llama"
     assert sorted(p.name for p in (tmp_path / "lora").iterdir())[:2] == [
         "adapter_config.json",
         "adapter_model.safetensors",
     ]
+
+
+def test_a_hugging_face_llama_family_directory_fine_tunes_with_its_chat_template(tmp_path):
+    """Qwen2's tiny checkpoint (tests/fixtures/hf): its tokenizer, its ChatML template with
+    <|im_start|> / <|im_end|> as single tokens, LoRA on q/k/v/o_proj, merged and read back by
+    models.from_pretrained with the logits of base + adapter."""
+    qwen = FIXTURES / "qwen2"
+    chats = tmp_path / "chats.jsonl"
+    pairs = [("2+2?", "4"), ("3+3?", "6"), ("1+1?", "2"), ("4+4?", "8")] * 3
+    chat_data.write_jsonl(chats, [chat_data.conversation(q, a) for q, a in pairs])
+    out = tmp_path / "lora"
+    argv = ["--init-from", str(qwen), "--sft", str(chats), "--lora-rank", "2", "--out", str(out)]
+    model, history = _fit([*argv, "--steps", "2", "--batch-size", "2", "--dtype", "float64"])
+    assert nn.lora.read_adapter_config(out)["target_modules"][:4] == [
+        f"model.layers.0.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+    ]
+    tokenizer = load_tokenizer(qwen)
+    segments = conversation_segments(chat_data.conversation("2+2?", "4"), chat_format(tokenizer)[0])
+    assert [text for text, trained in segments if trained] == ["4<|im_end|>\n"]
+    merge = ["merge", "--base", str(qwen), "--adapter", str(out), "--dtype", "float64"]
+    assert models_lora.main([*merge, "--out", str(tmp_path / "merged")]) == 0
+    merged = models.from_pretrained(tmp_path / "merged", dtype=np.float64)
+    x = np.arange(12)[None]
+    np.testing.assert_allclose(merged(x)[0].data, model(x)[0].data, rtol=1e-10, atol=1e-12)
+
+
+def test_the_fine_tuning_benchmark_worker_runs_both_modes_on_a_tiny_llama():
+    for mode, trainable in (("full", 51_360), ("lora", 2 * 8 * (2 * (32 + 32) + 2 * (32 + 16)))):
+        result = bench.worker_glassgrad(str(FIXTURES / "llama"), mode, 2, 8, 1)
+        assert (result["trainable"], len(result["times"])) == (trainable, 1)
+        assert np.isfinite(result["loss0"]) and result["step_s"] > 0
 
 
 def test_sft_refuses_a_conversation_the_model_cannot_hold(base, tmp_path):

@@ -178,7 +178,7 @@ def test_attention_matches_reference_and_hf_layout(f64):
     assert attn.c_attn.weight.shape == (8, 24) and attn.c_proj.weight.shape == (8, 8)
     x = rand(2, 5, 8)
     np.testing.assert_allclose(attn(x).data, reference_attention(x.data, attn), atol=1e-12)
-    with pytest.raises(ValueError, match=r"CausalSelfAttention: x must be \(B, T, 8\)"):
+    with pytest.raises(ValueError, match=r"CausalSelfAttention: x must be \(B, T, n_embd=8\)"):
         attn(rand(2, 5, 6))
     with pytest.raises(ValueError, match="divisible by n_head"):
         nn.CausalSelfAttention(8, 3)

@@ -287,3 +287,8 @@ def test_errors_name_the_layer_and_shapes(f64):
             layer(8, 3)
     with pytest.raises(ValueError, match=r"CrossAttention: memory must be \(B, T, n_embd=8\)"):
         nn.DecoderBlock(8, 2)(x, rand(2, 5, 4))
+
+
+def test_rotary_decoder_block_rotates_its_self_attention_only():
+    block = nn.DecoderBlock(8, 2, rotary=True, max_len=8)
+    assert block.attn.rotary is not None and block.cross_attn.rotary is None

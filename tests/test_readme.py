@@ -8,6 +8,7 @@ import numpy as np
 import autograd
 from autograd import Function, Tensor
 from models.gpt import GPT, GPTConfig
+from models.llama import Llama, llama_config
 from models.tokenizer import BPETokenizer
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -23,6 +24,10 @@ def test_readme_snippets_run_and_the_contributing_example_is_correct(tmp_path, m
     config = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16)
     GPT(config).save_pretrained(tmp_path / "gpt2")
     tok.save(tmp_path / "gpt2")
+    # The Llama snippet loads "SmolLM2-135M-Instruct": a tiny Llama + the same tokenizer.
+    llama = llama_config(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=4, n_embd=16)
+    Llama(llama).save_pretrained(tmp_path / "SmolLM2-135M-Instruct")
+    tok.save(tmp_path / "SmolLM2-135M-Instruct")
     monkeypatch.chdir(tmp_path)
     blocks = python_blocks()
     assert len(blocks) >= 2

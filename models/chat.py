@@ -1,0 +1,174 @@
+"""Chat in the terminal: `python -m models.chat --ckpt DIR` (an instruct model's directory).
+
+Each turn, the conversation is rendered with the model's chat template (notes 12.3: the roles
+and turns serialised into one token sequence, ending in the assistant's header), and the reply is
+sampled one token at a time and printed as it comes, until an end-of-turn id (notes 12.5). The
+conversation stays in the context: its keys and values stay in the KV cache (notes 12.4), so a
+new turn runs only its own new tokens. `/reset` starts over; when the context is full, the chat
+says so (start over with /reset, or give a larger --context).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from models.decoder import Decoder
+from models.sample import load
+
+
+class Chat:
+    """A conversation with a model: `for piece in chat.reply("Hi"): print(piece, end="")`.
+
+    `tokens` are the ids whose keys and values the cache holds; a new turn keeps their longest
+    common prefix with the newly rendered conversation and runs only the rest.
+    """
+
+    def __init__(
+        self,
+        model: Decoder,
+        tokenizer: Any,
+        context: int | None = None,
+        system: str | None = None,
+        max_new_tokens: int = 256,
+        rng: np.random.Generator | None = None,
+        **sampling: Any,
+    ) -> None:
+        if not hasattr(tokenizer, "apply_chat_template"):
+            raise ValueError(
+                f"{type(tokenizer).__name__} has no chat template (apply_chat_template)"
+            )
+        self.model, self.tokenizer = model, tokenizer
+        self.caches = model.new_kv_caches(1, context)
+        self.system, self.max_new_tokens = system, max_new_tokens
+        self.rng = np.random.default_rng() if rng is None else rng
+        self.sampling = sampling
+        self.reset()
+
+    @property
+    def context(self) -> int:
+        return self.caches[0].max_len
+
+    def reset(self) -> None:
+        """Forget the conversation (the cache's buffers are kept)."""
+        self.messages = [] if self.system is None else [{"role": "system", "content": self.system}]
+        self.tokens: list[int] = []
+        for cache in self.caches:
+            cache.reset()
+
+    def _render(self, messages: list[dict[str, str]]) -> list[int]:
+        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = self.tokenizer.encode(rendered) if isinstance(rendered, str) else rendered
+        return [int(i) for i in ids]
+
+    def reply(self, text: str) -> Iterator[str]:
+        """Add the user's message and yield the reply's text as its tokens are sampled."""
+        messages = [*self.messages, {"role": "user", "content": text}]
+        ids = self._render(messages)
+        keep = 0
+        while keep < min(len(ids) - 1, len(self.tokens)) and ids[keep] == self.tokens[keep]:
+            keep += 1
+        room = self.context - len(ids)
+        if room < 1:
+            raise ValueError(
+                f"the context is full: the conversation is {len(ids)} tokens and the context "
+                f"holds {self.context}; /reset to start over (or a larger --context)"
+            )
+        for cache in self.caches:
+            cache.reset(keep)
+        self.tokens = ids
+        eos = set(self.model.config.eos_token_ids)
+        new: list[int] = []
+        shown = ""
+        stream = self.model.stream(
+            ids[keep:], self.caches, min(self.max_new_tokens, room), rng=self.rng, **self.sampling
+        )
+        for token in stream:
+            if token in eos:  # it ends the turn; the token before it is in the cache by now
+                self.tokens = ids + new
+                break
+            new.append(token)
+            self.tokens = ids + new[:-1]  # the newest token is in the cache once the next is run
+            text_so_far = self.tokenizer.decode(new)
+            if not text_so_far.endswith("\ufffd"):  # wait for the rest of a split UTF-8 character
+                yield text_so_far[len(shown) :]
+                shown = text_so_far
+        answer = self.tokenizer.decode(new)
+        if len(answer) > len(shown):
+            yield answer[len(shown) :]
+        self.messages = [*messages, {"role": "assistant", "content": answer}]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m models.chat", description=__doc__.splitlines()[0])
+    p.add_argument("--ckpt", required=True, help="model directory (with its tokenizer)")
+    p.add_argument("--system", default=None, help="a system message opening the conversation")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply in tokens")
+    p.add_argument("--context", type=int, default=4096, help="tokens the KV cache holds")
+    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy (default 0.7)")
+    p.add_argument("--top-k", type=int, default=None, help="keep only the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    return p
+
+
+def run(chat: Chat, read: Callable[[str], str] | None = None, write: Any = None) -> None:
+    """The terminal loop: read a line (default input()), stream the reply (default to stdout);
+    /reset, /quit (or end of input)."""
+    read = input if read is None else read
+    write = sys.stdout if write is None else write
+    write.write(
+        f"{chat.model.describe()}, context {chat.context}. /reset starts over, /quit ends.\n"
+    )
+    while True:
+        try:
+            line = read("> ")
+        except (EOFError, KeyboardInterrupt):
+            write.write("\n")
+            return
+        if line.strip() == "/quit":
+            return
+        if line.strip() == "/reset":
+            chat.reset()
+            write.write("(conversation cleared)\n")
+            continue
+        if not line.strip():
+            continue
+        try:
+            for piece in chat.reply(line):
+                write.write(piece)
+                write.flush()
+        except ValueError as exc:
+            write.write(f"error: {exc}\n")
+            continue
+        write.write("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        model, tokenizer = load(args.ckpt)
+        chat = Chat(
+            model,
+            tokenizer,
+            context=args.context,
+            system=args.system,
+            max_new_tokens=args.max_new_tokens,
+            rng=np.random.default_rng(args.seed),
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run(chat)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
