@@ -83,10 +83,13 @@ class Linear(Op):
 
     def backward(self, g):
         x, weight, has_bias = self.saved
+        need_x, need_w = self.needs_input_grad[:2]
         g2 = g.reshape(-1, g.shape[-1])
-        gx = (g2 @ weight.T).reshape(x.shape)
-        gw = x.reshape(-1, x.shape[-1]).T @ g2
-        return (gx, gw, g2.sum(axis=0)) if has_bias else (gx, gw)
+        gx = (g2 @ weight.T).reshape(x.shape) if need_x else None
+        gw = x.reshape(-1, x.shape[-1]).T @ g2 if need_w else None  # none for a frozen weight
+        if not has_bias:
+            return gx, gw
+        return gx, gw, (g2.sum(axis=0) if self.needs_input_grad[2] else None)
 
     def jvp(self, out, x_dot, w_dot, b_dot=None):  # out_dot = x_dot @ W + x @ W_dot + b_dot
         x, weight, _ = self.saved
@@ -283,7 +286,12 @@ class LayerNorm(Function):
 
     def backward(self, g):
         x, weight, mean, rstd, _ = self.saved
-        return kernels.layer_norm_backward(g, x, weight, mean, rstd)
+        grads = kernels.layer_norm_backward(g, x, weight, mean, rstd)
+        # one fused pass makes all three (dw, db are its by-product sums); a frozen weight or
+        # bias gets None, so that nothing is kept or passed on for it
+        return tuple(
+            gr if need else None for gr, need in zip(grads, self.needs_input_grad, strict=True)
+        )
 
     def vjp(self, g, output):  # the same formula in Tensor ops, the statistics recomputed
         (x, weight, _), eps = self.inputs, self.saved[-1]
@@ -334,12 +342,12 @@ class RMSNorm(Function):
 
     def backward(self, g):
         xhat, weight, rstd, _ = self.saved
-        return _rms_norm_vjp(g, xhat, weight, rstd)
+        return _rms_norm_vjp(g, xhat, weight, rstd, self.needs_input_grad)
 
     def vjp(self, g, output):  # the statistics recomputed as Tensors, then the same rule
         (x, weight), eps = self.inputs, self.saved[-1]
         rstd = 1 / ((x * x).mean(axis=-1, keepdims=True) + eps).sqrt()
-        return _rms_norm_vjp(g, x * rstd, weight, rstd)
+        return _rms_norm_vjp(g, x * rstd, weight, rstd, self.needs_input_grad)
 
     def jvp(self, out, x_dot, w_dot):  # y_dot = xhat_dot w + xhat w_dot,
         # xhat_dot = rstd * (x_dot - xhat * mean(x_dot * xhat))
@@ -348,11 +356,12 @@ class RMSNorm(Function):
         return xhat_dot * weight + xhat * w_dot
 
 
-def _rms_norm_vjp(g: Any, xhat: Any, weight: Any, rstd: Any) -> tuple:
-    """RMSNorm's VJP on arrays or Tensors (the formula above)."""
+def _rms_norm_vjp(g: Any, xhat: Any, weight: Any, rstd: Any, needs: tuple) -> tuple:
+    """RMSNorm's VJP on arrays or Tensors (the formula above); None for what needs no grad."""
+    need_x, need_w = needs
     u = g * weight
-    gx = rstd * (u - xhat * (u * xhat).mean(axis=-1, keepdims=True))
-    return gx, _sum_rows(g * xhat)
+    gx = rstd * (u - xhat * (u * xhat).mean(axis=-1, keepdims=True)) if need_x else None
+    return gx, (_sum_rows(g * xhat) if need_w else None)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5) -> Tensor:

@@ -160,7 +160,10 @@ class Mul(Op):
 
     def backward(self, g):
         a, b = self.saved
-        return sum_to(g * b, a.shape), sum_to(g * a, b.shape)
+        need_a, need_b = self.needs_input_grad  # x * constant: no reduction for the constant
+        return (sum_to(g * b, a.shape) if need_a else None), (
+            sum_to(g * a, b.shape) if need_b else None
+        )
 
     def jvp(self, out, a_dot, b_dot):  # out_dot = a_dot b + a b_dot  (the product rule)
         a, b = self.saved
@@ -230,8 +233,9 @@ class MatMul(Op):
             g2 = unsqueeze(g2, -2 if b.ndim > 1 else 0)
         if b.ndim == 1:
             g2 = unsqueeze(g2, -1)
-        ga = sum_to(g2 @ swap_last(b2), a2.shape).reshape(a.shape)
-        gb = sum_to(swap_last(a2) @ g2, b2.shape).reshape(b.shape)
+        need_a, need_b = self.needs_input_grad  # no product for an input that needs no grad
+        ga = sum_to(g2 @ swap_last(b2), a2.shape).reshape(a.shape) if need_a else None
+        gb = sum_to(swap_last(a2) @ g2, b2.shape).reshape(b.shape) if need_b else None
         return ga, gb
 
     def jvp(self, out, a_dot, b_dot):  # out_dot = a_dot @ b + a @ b_dot

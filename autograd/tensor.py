@@ -95,12 +95,14 @@ class Function:
     backward needs with `self.save_for_backward(...)`. `backward(self, grad)` receives
     dL/d(output) and returns one gradient per input array (None for an input that needs none),
     each an array of its own (never `grad` or a view of it). An instance is the graph node: it
-    keeps the inputs until backward releases it. `vjp` is the same VJP on Tensors, for
+    keeps the inputs until backward releases it. `needs_input_grad[i]` says whether input i
+    requires grad: a backward may skip the gradient of an input that does not (a frozen weight's
+    x^T g is the largest product of a Linear's backward). `vjp` is the same VJP on Tensors, for
     create_graph=True (autograd/higher_order.py). `jvp(out, *tangents)` is forward mode's rule:
     the tangent of the output from the tangents of the inputs (autograd/forward_ad.py).
     """
 
-    __slots__ = ("inputs", "saved", "saved_versions", "created_at")
+    __slots__ = ("inputs", "needs_input_grad", "saved", "saved_versions", "created_at")
 
     def save_for_backward(self, *arrays: Any) -> None:
         self.saved = arrays
@@ -151,6 +153,7 @@ class Function:
             hooks.DUAL_LEVEL.push(fn, inputs, out)
         if requires_grad:
             fn.inputs = inputs
+            fn.needs_input_grad = tuple(t._requires_grad for t in inputs)
             fn.saved_versions = _saved_versions(fn.saved, inputs, out)
             out._ctx = fn
         else:

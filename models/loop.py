@@ -16,6 +16,12 @@ Ctrl-C finishes the current step, saves a checkpoint and exits. Everything is wr
     tokenizer.json                    the vocabulary, for the kinds that read text
     optimizer.safetensors + train_state.json   what --resume needs to continue bit-exactly
     loss.png                          the loss curves (and the kind's metric) against baselines
+
+Fine-tuning (docs/finetune.md) is the same loop from a trained model: --init-from DIR loads it
+(its shape settings come from DIR; a different --n-layer is an error), --freeze GLOB freezes
+parameters by name, --lora-rank r trains LoRA adapters only (and a checkpoint then holds the
+adapter alone: adapter_model.safetensors + adapter_config.json), --grad-accum N makes each step
+the update of N micro-batches, weighted by their counted targets.
 """
 
 from __future__ import annotations
@@ -47,6 +53,12 @@ STATE_FORMAT = "glassgrad-train-state"
 CONTROL = ("resume", "quiet", "ddp", "compile")
 # Settings every kind has, and those of them a resumed run must keep (its own add to them).
 COMMON_RUN_DEFINING = (
+    "init_from",
+    "freeze",
+    "lora_rank",
+    "lora_alpha",
+    "lora_targets",
+    "grad_accum",
     "batch_size",
     "n_layer",
     "n_head",
@@ -61,7 +73,15 @@ COMMON_RUN_DEFINING = (
     "dtype",
 )
 # Counts that must be >= 1, of those a kind has.
-POSITIVE = ("steps", "batch_size", "eval_every", "block_size", "eval_batches", "eval_size")
+POSITIVE = (
+    "steps",
+    "batch_size",
+    "eval_every",
+    "block_size",
+    "eval_batches",
+    "eval_size",
+    "grad_accum",
+)
 Batch = tuple[np.ndarray, ...]
 GradHook = Callable[[list[nn.Parameter]], None]
 LossFn = Callable[..., Tensor]
@@ -98,17 +118,24 @@ def train_step(
     after_backward: GradHook | None = None,
     replicas: Replicas = SINGLE_PROCESS,
     stop: threading.Event | None = None,
+    grad_accum: int = 1,
 ) -> tuple[float, float, bool]:
     """Forward (loss_fn(*batch)), backward, (after_backward), reduce over replicas, clip, update.
 
     Returns (loss, gradient norm, whether to stop after this step). The batch is this process's
     rows of the global batch; after reduce every process holds the same averaged gradients, so
-    the norm, the clipping and the update are identical everywhere.
+    the norm, the clipping and the update are identical everywhere. grad_accum N: the batch runs
+    as N micro-batches whose gradients add up (nn.accumulate_gradients).
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad()
-    loss = loss_fn(*batch)
-    loss.backward()
+    if grad_accum > 1:
+        micro = micro_batches(batch, grad_accum)
+        weights = nn.accumulation_weights([m[-1] for m in micro], dtype=params[0].dtype)
+        loss = nn.accumulate_gradients(loss_fn, micro, weights)
+    else:
+        loss = loss_fn(*batch)
+        loss.backward()
     if after_backward is not None:
         after_backward(params)
     loss_value, stop_now = replicas.reduce(loss.item(), stop is not None and stop.is_set())
@@ -119,6 +146,17 @@ def train_step(
         group["lr"] = lr
     optimizer.step()
     return loss_value, norm, stop_now
+
+
+def micro_batches(batch: Batch, n: int) -> list[Batch]:
+    """The batch's arrays cut along their first axis into n micro-batches, each array a copy of
+    its own (a compiled step takes each as an argument, and arguments must not share memory).
+    The targets are each micro-batch's last array."""
+    rows = len(batch[0])
+    if rows % n:
+        raise SystemExit(f"train: --grad-accum {n} does not divide the batch of {rows} rows")
+    size = rows // n
+    return [tuple(a[i * size : (i + 1) * size].copy() for a in batch) for i in range(n)]
 
 
 class CompiledTrainStep:
@@ -143,15 +181,25 @@ class CompiledTrainStep:
         optimizer: nn.optim.Optimizer,
         grad_clip: float,
         fusion: bool | str = True,
+        grad_accum: int = 1,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.grad_accum = grad_accum
+        # the trainable parameters: the frozen ones are neither updated nor saved and restored
+        self.params = [
+            p for group in optimizer.param_groups for p in group["params"] if p.requires_grad
+        ]
 
-        def step(*batch: np.ndarray) -> tuple[Any, float]:
+        def step(*arrays: np.ndarray) -> tuple[Any, float]:
             optimizer.zero_grad()
-            loss = loss_fn(*batch)
-            loss.backward()
+            if grad_accum > 1:  # arrays: the weights k_i / K, then each micro-batch's arrays
+                k = (len(arrays) - 1) // grad_accum
+                micro = [arrays[1 + i * k : 1 + (i + 1) * k] for i in range(grad_accum)]
+                loss = nn.accumulate_gradients(loss_fn, micro, arrays[0])
+            else:
+                loss = loss_fn(*arrays)
+                loss.backward()
             norm = nn.clip_grad_norm_(self.params, grad_clip)
             optimizer.step()
             return loss, norm
@@ -163,6 +211,10 @@ class CompiledTrainStep:
     ) -> tuple[float, float, bool]:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.grad_accum > 1:  # the weights and every micro-batch are the step's arguments
+            micro = micro_batches(batch, self.grad_accum)
+            weights = nn.accumulation_weights([m[-1] for m in micro], dtype=self.params[0].dtype)
+            batch = (weights, *[a for m in micro for a in m])
         plan = self.step.plan_for(*batch)
         # A call that will trace (a new batch shape, or parameters moved by another shape's
         # plan): trace, undo the traced step, then replay it.
@@ -250,8 +302,16 @@ class Trainer:
         "eval_every": 250,
         "seed": 0,
         "dtype": "float32",
+        "init_from": None,
+        "freeze": None,
+        "lora_rank": None,
+        "lora_alpha": 16.0,
+        "lora_targets": None,
+        "grad_accum": 1,
     }
     RUN_DEFINING: tuple[str, ...] = COMMON_RUN_DEFINING
+    # The shape settings a checkpoint fixes (--init-from).
+    SHAPE: tuple[str, ...] = ("n_layer", "n_head", "n_embd")
     betas = (0.9, 0.99)
     # BLAS threads for the whole run (None: as the caller has it). One suits small products: a
     # second thread cost 3x on a busy machine (docs/seq2seq.md).
@@ -300,6 +360,15 @@ class Trainer:
         model = self.model_class(self.config_class(**config)).to(settings["dtype"])
         model.load_state_dict(nn.load_safetensors(out / "model.safetensors")[0])
         return model
+
+    def pretrained_settings(self, directory: Path) -> dict[str, Any]:
+        """The shape settings (SHAPE) of the model saved in `directory` (--init-from)."""
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        return {k: config[k] for k in self.SHAPE if k in config}
+
+    def pretrained(self, directory: Path, settings: dict[str, Any]) -> nn.Module:
+        """The model saved in `directory` (--init-from), in settings["dtype"]."""
+        return self.load_model(directory, settings)
 
     def compile_refusal(self, settings: dict[str, Any]) -> str | None:
         """Why this run's steps cannot go through autograd.compile (the loop prints it and runs
@@ -379,6 +448,16 @@ class Trainer:
         add("--eval-every", "steps between evaluations and checkpoints", type=int)
         add("--seed", "seed of the initialisation and the batches", type=int)
         add("--dtype", "parameter dtype", choices=["float32", "float64"])
+        add("--init-from", "fine-tune this trained model's directory (its shape and tokenizer)")
+        add("--freeze", "comma-separated globs of parameter names to freeze ('transformer.h.0.*')")
+        add("--lora-rank", "train LoRA adapters of this rank only (with --init-from)", type=int)
+        add("--lora-alpha", "LoRA's update is (alpha / rank) A B", type=float)
+        add(
+            "--lora-targets",
+            "comma-separated Linear names or globs to adapt (default: the attention projections, "
+            f"{','.join(nn.lora.ATTENTION_PROJECTIONS)}, those the model has)",
+        )
+        add("--grad-accum", "micro-batches per step, each --batch-size rows", type=int)
         add("--resume", "continue the run saved in --out", action="store_true")
         add("--quiet", "no progress bar or periodic lines", action="store_true")
         add("--ddp", "data parallel over MPI ranks (run under mpiexec)", action="store_true")
@@ -415,6 +494,19 @@ class Trainer:
         if settings["min_lr"] is None:
             settings["min_lr"] = settings["lr"] / 10
         settings["warmup"] = min(settings["warmup"], settings["steps"])
+        if settings["lora_rank"] is not None and not settings["init_from"]:
+            raise SystemExit(f"{self.name}: --lora-rank adapts a trained model: give --init-from")
+        if settings["init_from"] and not args.resume:
+            shape = self.pretrained_settings(Path(settings["init_from"]))
+            changed = [k for k in shape if k in given and given[k] != shape[k]]
+            if changed:
+                detail = ", ".join(f"--{k.replace('_', '-')} {given[k]!r}" for k in changed)
+                saved = ", ".join(f"{k} {shape[k]!r}" for k in changed)
+                raise SystemExit(
+                    f"{self.name}: --init-from {settings['init_from']} fixes the model's shape "
+                    f"({saved}); cannot change {detail}"
+                )
+            settings.update(shape)
         self.check_settings(settings, given)
         return settings
 
@@ -434,7 +526,10 @@ class Trainer:
         other files carry in their metadata, so a save cut short is detected on --resume."""
         out.mkdir(parents=True, exist_ok=True)
         stamp = {"step": str(step)}
-        self.save_model(out, model, data, stamp)
+        if settings["lora_rank"] is not None:  # the adapter alone; the base is --init-from
+            nn.save_adapter(out, model, metadata=stamp, base_model=settings["init_from"])
+        else:
+            self.save_model(out, model, data, stamp)
         arrays, optimizer_rest = nn.split_optimizer_state(optimizer.state_dict())
         nn.save_safetensors(out / "optimizer.safetensors", arrays, metadata=stamp)
         state = {
@@ -470,9 +565,16 @@ class Trainer:
         """Model and optimizer exactly as save_run left them, and the saved train state."""
         state = self.read_train_state(out)
         step = str(state["step"])
-        model = self.load_model(out, settings)
+        lora = settings["lora_rank"] is not None
+        if lora:  # the base again, then the adapter saved in out
+            model = self.pretrained(Path(settings["init_from"]), settings)
+            self.adapt(model, settings)
+            nn.load_adapter(out, model)
+        else:
+            model = self.adapt(self.load_model(out, settings), settings)
         arrays, meta = nn.load_safetensors(out / "optimizer.safetensors")
-        _, model_meta = nn.load_safetensors(out / "model.safetensors")
+        weights = nn.lora.ADAPTER_WEIGHTS if lora else "model.safetensors"
+        _, model_meta = nn.load_safetensors(out / weights)
         if meta.get("step") != step or model_meta.get("step") != step:
             raise SystemExit(
                 f"{self.name}: --resume: {out} is inconsistent (train_state step {step}, model "
@@ -485,6 +587,28 @@ class Trainer:
         for name, saved in state["dropout_rng"].items():
             rngs[name].bit_generator.state = saved
         return model, optimizer, state
+
+    def adapt(self, model: nn.Module, settings: dict[str, Any]) -> nn.Module:
+        """--freeze and --lora-rank applied to the model (in place; returned)."""
+        if settings["freeze"]:
+            try:
+                model.freeze(*[g.strip() for g in settings["freeze"].split(",") if g.strip()])
+            except KeyError as exc:
+                raise SystemExit(f"{self.name}: --freeze: {exc.args[0]}") from None
+        if settings["lora_rank"] is not None:
+            rng = np.random.default_rng(settings["seed"])
+            targets = settings["lora_targets"] or nn.lora.attention_projections(model)
+            try:
+                nn.apply_lora(
+                    model,
+                    targets,
+                    settings["lora_rank"],
+                    settings["lora_alpha"],
+                    rng=rng,
+                )
+            except (KeyError, ValueError) as exc:
+                raise SystemExit(f"{self.name}: --lora-targets: {exc.args[0]}") from None
+        return model
 
     def plot_losses(self, path: Path, history: dict[str, Any], baselines: dict[str, float]) -> None:
         """loss.png: per-step training loss, the periodic evaluations and the baselines; a second
@@ -554,13 +678,15 @@ class Trainer:
         s, stop = settings, stop or threading.Event()
         out, main = (None if s["out"] is None else Path(s["out"])), replicas.is_main
         quiet = quiet or not main
+        init = None if s["init_from"] is None else Path(s["init_from"])
         if resume:
             model, optimizer, state = self.load_run(out, s)
-            data = self.prepare(s, out)
+            data = self.prepare(s, init or out)  # a fine-tuning run keeps its base's tokenizer
             start, history = state["step"], state["history"]
         else:
-            data = self.prepare(s, None)
-            model = self.build(s, data)
+            data = self.prepare(s, init)
+            model = self.pretrained(init, s) if init else self.build(s, data)
+            self.adapt(model, s)
             groups = param_groups(model, s["weight_decay"])
             optimizer = nn.optim.AdamW(groups, lr=s["lr"], betas=self.betas)
             start, history = 0, {k: [] for k in ("step", "loss", "lr", "eval_step")}
@@ -569,7 +695,7 @@ class Trainer:
         history["baseline"] = baselines["val"]
         _log(
             quiet,
-            f"{model.describe()}: {model.num_parameters():,} parameters, {s['dtype']}{note}; "
+            f"{model.describe()}: {_parameters(model)}, {s['dtype']}{note}; "
             f"{self.describe_data(data)}",
         )
         model.train()
@@ -578,7 +704,9 @@ class Trainer:
         if compile and refusal is not None:
             _log(quiet, f"{self.name}: eager steps, not compiled: {refusal}")
         elif compile and replicas.world_size == 1 and after_backward is None:
-            compiled = CompiledTrainStep(model, loss_fn, optimizer, s["grad_clip"], self.fusion)
+            compiled = CompiledTrainStep(
+                model, loss_fn, optimizer, s["grad_clip"], self.fusion, s["grad_accum"]
+            )
 
         def checkpoint() -> None:
             if out is not None:
@@ -593,7 +721,9 @@ class Trainer:
         try:
             while step < steps and not interrupted:
                 lr = nn.optim.cosine_with_warmup(step, s["lr"], s["warmup"], steps, s["min_lr"])
-                batch = self.batch(s, data, step, replicas.rank, replicas.world_size)
+                # --grad-accum N: the step's batch holds N micro-batches of --batch-size rows
+                rows = {**s, "batch_size": s["batch_size"] * s["grad_accum"]}
+                batch = self.batch(rows, data, step, replicas.rank, replicas.world_size)
                 # A stop request (Ctrl-C) ends the run after this step, on every process at once.
                 step_start = time.perf_counter()
                 if compiled is not None:
@@ -608,6 +738,7 @@ class Trainer:
                         after_backward,
                         replicas,
                         stop,
+                        s["grad_accum"],
                     )
                 step_times.append(time.perf_counter() - step_start)
                 history["step"].append(step)
@@ -681,7 +812,14 @@ class Trainer:
         times = []
         for _ in range(3):
             start = time.perf_counter()
-            train_step(self._loss_fn(twin), optimizer, batch, settings["lr"], settings["grad_clip"])
+            train_step(
+                self._loss_fn(twin),
+                optimizer,
+                batch,
+                settings["lr"],
+                settings["grad_clip"],
+                grad_accum=settings["grad_accum"],
+            )
             times.append(time.perf_counter() - start)
         return 1e3 * float(np.median(times[1:]))
 
@@ -752,6 +890,14 @@ class Trainer:
             comm = ddp.world()
             with ddp.abort_on_error(comm):
                 return self.run(args, replicas=ddp.DataParallel(comm))
+
+
+def _parameters(model: nn.Module) -> str:
+    """'110,400 parameters', or '4,096 trainable of 110,400 parameters' when some are frozen."""
+    trainable, total = model.parameter_counts()
+    if trainable == total:
+        return f"{total:,} parameters"
+    return f"{trainable:,} trainable of {total:,} parameters"
 
 
 def _metric(history: dict[str, Any]) -> str | None:

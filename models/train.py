@@ -22,9 +22,14 @@ from typing import Any
 
 import numpy as np
 
+import models
 from models import loop
 from models.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
-from models.gpt import GPT, GPTConfig
+from models.decoder import Decoder, DecoderConfig
+from models.gpt import GPT, IGNORE_INDEX, GPTConfig
+from models.hf import read_config
+from models.llama import Llama, llama_config
+from models.sft import chat_format, greedy_answer, pad_batch, read_conversations, sft_examples
 from models.tokenizer import load_tokenizer, save_tokenizer
 
 
@@ -33,6 +38,24 @@ class LanguageData:
     """The corpus and the fixed evaluation windows of both splits."""
 
     corpus: Corpus
+    evals: dict[str, list[tuple[np.ndarray, np.ndarray]]]
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.corpus.tokenizer
+
+
+@dataclass
+class ChatData:
+    """--sft: conversations as (inputs, targets) with targets at the assistant's tokens only
+    (models/sft.py), split by conversation; the held-out ones are also asked for answers."""
+
+    tokenizer: Any
+    train: list[tuple[np.ndarray, np.ndarray]]
+    val: list[tuple[np.ndarray, np.ndarray]]
+    held_out: list[list[dict[str, str]]]
+    source: str
+    pad_id: int
     evals: dict[str, list[tuple[np.ndarray, np.ndarray]]]
 
 
@@ -47,6 +70,8 @@ class GPTTrainer(loop.Trainer):
     DEFAULTS: dict[str, Any] = {
         **loop.Trainer.DEFAULTS,
         "data": None,
+        "sft": None,
+        "arch": "gpt2",
         "tokenizer": "char",
         "vocab_size": 1024,
         "out": "runs/demo",
@@ -65,12 +90,31 @@ class GPTTrainer(loop.Trainer):
         "sample_tokens": 400,
         "sample_prompt": "def ",
     }
-    RUN_DEFINING = (*loop.COMMON_RUN_DEFINING, "data", "tokenizer", "vocab_size", "block_size")
+    RUN_DEFINING = (
+        *loop.COMMON_RUN_DEFINING,
+        "data",
+        "sft",
+        "arch",
+        "tokenizer",
+        "vocab_size",
+        "block_size",
+    )
     model_class, config_class = GPT, GPTConfig
 
     def add_arguments(self, add: Any) -> None:
         add("--data", "UTF-8 text file to train on (default: Python standard library sources)")
+        add(
+            "--sft",
+            'chat fine-tuning: a .jsonl file, one {"messages": [{"role", "content"}, ...]} '
+            "per line; the loss counts the assistant's tokens only (with --init-from)",
+        )
         add("--tokenizer", "characters or byte-level BPE", choices=["char", "bpe"])
+        add(
+            "--arch",
+            "the new model's family: GPT-2 (LayerNorm, learned positions, GELU) or Llama "
+            "(RMSNorm, rotary positions, SwiGLU)",
+            choices=["gpt2", "llama"],
+        )
         add("--vocab-size", "BPE vocabulary", type=int)
         add("--block-size", "context length", type=int)
         add("--eval-batches", "batches per evaluation", type=int)
@@ -80,8 +124,46 @@ class GPTTrainer(loop.Trainer):
     def check_settings(self, settings: dict[str, Any], given: dict[str, Any]) -> None:
         if "vocab_size" in given and settings["tokenizer"] != "bpe":
             raise SystemExit("train: --vocab-size needs --tokenizer bpe")
+        if settings["sft"] is not None:
+            if not settings["init_from"]:
+                raise SystemExit("train: --sft fine-tunes a trained model: give --init-from")
+            if settings["data"] is not None:
+                raise SystemExit("train: --sft and --data are two kinds of data: give one")
+        if settings["init_from"]:
+            if "arch" in given:
+                raise SystemExit("train: --init-from brings its architecture; drop --arch")
+            if "tokenizer" in given or "vocab_size" in given:
+                raise SystemExit("train: --init-from brings its tokenizer; drop --tokenizer")
+            positions = _pretrained_config(Path(settings["init_from"])).block_size
+            settings["positions"] = positions
+            if "block_size" not in given:  # --sft: the longest conversation (set when the data
+                # is read); text: the default windows, or the checkpoint's if shorter
+                chat = settings["sft"] is not None
+                settings["block_size"] = None if chat else min(settings["block_size"], positions)
+            elif settings["block_size"] > positions:
+                raise SystemExit(
+                    f"train: --block-size {settings['block_size']} exceeds the {positions} "
+                    f"positions of --init-from {settings['init_from']}"
+                )
 
-    def prepare(self, s: dict[str, Any], saved: Path | None) -> LanguageData:
+    def pretrained_settings(self, directory: Path) -> dict[str, Any]:
+        config = _pretrained_config(directory)
+        return {k: getattr(config, k) for k in self.SHAPE}
+
+    def pretrained(self, directory: Path, settings: dict[str, Any]) -> Decoder:
+        """Any family models.from_pretrained reads (a GPT-2 or Llama-family directory)."""
+        return models.from_pretrained(directory, dtype=settings["dtype"])
+
+    def build(self, settings: dict[str, Any], data: Any) -> Decoder:
+        if settings["arch"] == "gpt2":
+            return super().build(settings, data)
+        sizes = {k: settings[k] for k in ("n_layer", "n_head", "n_embd", "dropout")}
+        config = llama_config(**sizes, **self.config_fields(settings, data))
+        return Llama(config, rng=np.random.default_rng(settings["seed"])).to(settings["dtype"])
+
+    def prepare(self, s: dict[str, Any], saved: Path | None) -> LanguageData | ChatData:
+        if s["sft"] is not None:
+            return _chat_data(s, load_tokenizer(saved))
         if saved is not None:  # the checkpoint's tokenizer (a BPE is not learned again)
             corpus = prepare_corpus(s["data"], tokenizer=load_tokenizer(saved))
         else:
@@ -96,20 +178,31 @@ class GPTTrainer(loop.Trainer):
     def config_fields(self, s: dict[str, Any], data: LanguageData) -> dict[str, Any]:
         return {"vocab_size": data.corpus.tokenizer.vocab_size, "block_size": s["block_size"]}
 
-    def save_model(self, out: Path, model: GPT, data: LanguageData, stamp: dict[str, str]) -> None:
+    def save_model(self, out: Path, model: GPT, data: Any, stamp: dict[str, str]) -> None:
         model.save_pretrained(out, metadata=stamp)
-        save_tokenizer(data.corpus.tokenizer, out)
+        save_tokenizer(data.tokenizer, out)
 
-    def load_model(self, out: Path, settings: dict[str, Any]) -> GPT:
-        return GPT.from_pretrained(out, dtype=settings["dtype"])
+    def load_model(self, out: Path, settings: dict[str, Any]) -> Decoder:
+        return models.from_pretrained(out, dtype=settings["dtype"])
 
     def batch(
         self, s: dict[str, Any], data: LanguageData, step: int, rank: int, world_size: int
     ) -> loop.Batch:
+        if isinstance(data, ChatData):  # batch_size conversations, a function of (seed, step)
+            rows = np.random.default_rng([s["seed"], 1, step]).integers(
+                0, len(data.train), s["batch_size"]
+            )
+            x, y = pad_batch([data.train[i] for i in rows], data.pad_id, s["block_size"])
+            return x[rank::world_size], y[rank::world_size]
         ids = data.corpus.train
         return get_batch(ids, s["batch_size"], s["block_size"], s["seed"], step, rank, world_size)
 
-    def baselines(self, data: LanguageData) -> dict[str, float]:
+    def baselines(self, data: Any) -> dict[str, float]:
+        if isinstance(data, ChatData):  # the assistant tokens' frequencies
+            train, val = (
+                np.concatenate([y[y != IGNORE_INDEX] for _, y in d]) for d in (data.train, data.val)
+            )
+            return {"val": unigram_baseline(train, val, data.tokenizer.vocab_size)}
         c = data.corpus
         return {"val": unigram_baseline(c.train, c.val, c.tokenizer.vocab_size)}
 
@@ -122,19 +215,92 @@ class GPTTrainer(loop.Trainer):
             for name, batches in data.evals.items()
         }
 
-    def describe_data(self, data: LanguageData) -> str:
+    def describe_data(self, data: Any) -> str:
+        if isinstance(data, ChatData):
+            counted = sum(int((y != IGNORE_INDEX).sum()) for _, y in data.train)
+            return (
+                f"data: {data.source}, {len(data.train)} train / {len(data.val)} held-out "
+                f"conversations, {counted:,} assistant tokens in the loss (the rest masked)"
+            )
         c = data.corpus
         return (
             f"data: {c.source}, {len(c.train):,} train / {len(c.val):,} val tokens; unigram "
             f"baseline {self.baselines(data)['val']:.3f} nats/token"
         )
 
-    def sample(self, model: GPT, data: LanguageData, s: dict[str, Any]) -> str | None:
+    def sample(self, model: GPT, data: Any, s: dict[str, Any]) -> str | None:
         if s["sample_tokens"] <= 0:
             return None
+        if isinstance(data, ChatData):  # the held-out questions, answered greedily
+            answers = held_out_answers(model, data)
+            right = sum(a == m[-1]["content"] for a, m in zip(answers, data.held_out, strict=True))
+            messages = data.held_out[0]
+            return (
+                f"--- held-out answers exactly right: {right}/{len(answers)}; the first ---\n"
+                f"{messages[-2]['content']}\nanswer:   {answers[0]}\n"
+                f"expected: {messages[-1]['content']}"
+            )
         tokenizer, prompt = data.corpus.tokenizer, s["sample_prompt"]
         text = sample_text(model, tokenizer, prompt, s["sample_tokens"], s["seed"])
         return f"--- sample (temperature 0.8) ---\n{text}"
+
+
+def held_out_answers(model: GPT, data: ChatData) -> list[str]:
+    """The model's greedy answer to each held-out conversation's last question."""
+    render, encode = chat_format(data.tokenizer)
+    decode = data.tokenizer.decode
+    return [greedy_answer(model, m[:-1], render, encode, decode) for m in data.held_out]
+
+
+def _chat_data(s: dict[str, Any], tokenizer: Any) -> ChatData:
+    """--sft's conversations rendered with the base model's chat template (ChatML if it has
+    none), encoded with its tokenizer, and split by conversation (10 % held out, at least one)."""
+    conversations = read_conversations(s["sft"])
+    order = np.random.default_rng([s["seed"], 2]).permutation(len(conversations))
+    n_val = max(1, len(conversations) // 10)
+    held = [conversations[i] for i in order[:n_val]]
+    train = [conversations[i] for i in order[n_val:]]
+    if not train:
+        raise SystemExit(f"train: --sft {s['sft']}: too few conversations to hold some out")
+    render, encode = chat_format(tokenizer)
+    try:
+        examples = {
+            name: sft_examples(c, render, encode) for name, c in (("train", train), ("val", held))
+        }
+    except ValueError as exc:  # a character or token the base model's tokenizer lacks
+        raise SystemExit(f"train: --sft {s['sft']}: {exc}") from None
+    longest = max(len(x) for e in examples.values() for x, _ in e)
+    positions = s["positions"]  # the base model's (check_settings read them)
+    if s["block_size"] is None:  # every batch padded to the longest conversation: one shape
+        s["block_size"] = longest
+    if longest > min(s["block_size"], positions):  # cutting it would lose its answer: refuse
+        raise SystemExit(
+            f"train: --sft {s['sft']}: a conversation is {longest} tokens long, more than "
+            + (
+                f"the model's {positions} positions"
+                if longest > positions
+                else f"--block-size {s['block_size']} (raise it, up to {positions})"
+            )
+        )
+    pad_id = tokenizer.eot_id if getattr(tokenizer, "eot_id", None) is not None else 0
+    evals = {
+        name: [
+            pad_batch(examples[name][i : i + s["batch_size"]], pad_id, s["block_size"])
+            for i in range(0, len(examples[name]), s["batch_size"])
+        ][: s["eval_batches"]]
+        for name in ("train", "val")
+    }
+    return ChatData(tokenizer, examples["train"], examples["val"], held, s["sft"], pad_id, evals)
+
+
+def _pretrained_config(directory: Path) -> DecoderConfig:
+    """The model settings of a directory models.from_pretrained reads, by its model_type."""
+    try:
+        directory, config = read_config(directory)
+        family = models.FAMILIES[config.get("model_type")]
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise SystemExit(f"train: --init-from {directory}: {exc}") from None
+    return family.config_from_hf(config, str(directory / "config.json"))
 
 
 def sample_text(model: GPT, tokenizer: Any, prompt: str, n_tokens: int, seed: int) -> str:

@@ -15,6 +15,12 @@ except ImportError as exc:
     ) from exc
 from autograd.functional import apply_rotary, linear, rotary_tables  # the primitives layers use
 from nn import optim
+from nn.accumulate import (
+    accumulate_gradients,
+    accumulation_weights,
+    counted_targets,
+    split_batch,
+)
 from nn.attention import (
     Attention,
     Block,
@@ -51,6 +57,15 @@ from nn.layers import (
     ReLU,
     RMSNorm,
 )
+from nn.lora import (
+    LoRA,
+    apply_lora,
+    load_adapter,
+    merge_lora,
+    save_adapter,
+    unload_lora,
+    unmerge_lora,
+)
 from nn.module import Module, ModuleList, Parameter, Sequential
 from nn.optim import clip_grad_norm_
 from nn.transformer import (
@@ -75,6 +90,7 @@ __all__ = [
     "LayerKVCache",
     "LayerNorm",
     "Linear",
+    "LoRA",
     "Module",
     "ModuleList",
     "Parameter",
@@ -84,24 +100,34 @@ __all__ = [
     "SelfAttention",
     "Sequential",
     "SinusoidalPositions",
+    "accumulate_gradients",
+    "accumulation_weights",
+    "apply_lora",
     "apply_rotary",
     "clip_grad_norm_",
+    "counted_targets",
     "iter_safetensors",
     "join_optimizer_state",
     "grouped_attention",
     "linear",
+    "load_adapter",
     "make_norm",
     "load_checkpoint",
     "load_safetensors",
+    "merge_lora",
     "optim",
     "position_embedding",
     "rotary_tables",
+    "save_adapter",
     "save_checkpoint",
     "save_json_atomic",
     "save_safetensors",
     "save_text_atomic",
     "sinusoidal_table",
+    "split_batch",
     "split_optimizer_state",
+    "unload_lora",
+    "unmerge_lora",
 ]
 
 check_packages("autograd", "nn")  # no folder of the same name may shadow glassgrad's

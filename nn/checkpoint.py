@@ -240,16 +240,18 @@ def save_checkpoint(
     """Save model (and optimizer) state into `directory`.
 
     Files: model.safetensors (the state_dict), optimizer.safetensors (moment arrays) and
-    checkpoint.json (optimizer settings and step counts, plus `meta`: any JSON, e.g. the model
-    config and the training step). Each file is replaced atomically; checkpoint.json is written
-    last, and all three carry the same random save id, so that load_checkpoint detects a set of
-    files left mixed by a save that was cut short.
+    checkpoint.json (optimizer settings and step counts, the names of the frozen parameters
+    (requires_grad=False), plus `meta`: any JSON, e.g. the model config and the training step).
+    Each file is replaced atomically; checkpoint.json is written last, and all three carry the
+    same random save id, so that load_checkpoint detects a set of files left mixed by a save
+    that was cut short.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     stamp = {"checkpoint_id": uuid.uuid4().hex}
     save_safetensors(directory / "model.safetensors", model.state_dict(), stamp)
     info: dict[str, Any] = {"format": _FORMAT, "version": 1, **stamp, "meta": meta or {}}
+    info["frozen"] = [name for name, p in model.named_parameters() if not p.requires_grad]
     if optimizer is not None:
         arrays, info["optimizer"] = split_optimizer_state(optimizer.state_dict())
         save_safetensors(directory / "optimizer.safetensors", arrays, stamp)
@@ -259,7 +261,10 @@ def save_checkpoint(
 def load_checkpoint(
     directory: str | os.PathLike, model: Any, optimizer: Any = None, strict: bool = True
 ) -> dict[str, Any]:
-    """Load a checkpoint written by save_checkpoint into model (and optimizer); return its meta."""
+    """Load a checkpoint written by save_checkpoint into model (and optimizer); return its meta.
+
+    The parameters the checkpoint names as frozen are frozen again (requires_grad=False), the
+    others it holds require grad."""
     directory = Path(directory)
     try:
         info = json.loads((directory / "checkpoint.json").read_text("utf-8"))
@@ -282,6 +287,10 @@ def load_checkpoint(
             )
     arrays = files["model.safetensors"][0]
     model.load_state_dict(arrays, strict=strict)
+    frozen = set(info.get("frozen", []))
+    for name, p in model.named_parameters():
+        if name in arrays:
+            p.requires_grad = name not in frozen
     if optimizer is not None:
         optimizer.load_state_dict(opt_state)
     return info["meta"]

@@ -9,6 +9,7 @@ what state_dict() and checkpoints use.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -160,8 +161,39 @@ class Module:
                 yield (f"{module_name}.{name}" if module_name else name), buf
 
     def num_parameters(self) -> int:
-        """Number of trainable scalars (a shared parameter counts once)."""
+        """Number of scalars in the parameters, frozen ones included (a shared one counts once)."""
         return sum(p.size for p in self.parameters())
+
+    def parameter_counts(self) -> tuple[int, int]:
+        """(trainable, total) scalars: trainable ones require grad (see freeze)."""
+        params = list(self.parameters())
+        return sum(p.size for p in params if p.requires_grad), sum(p.size for p in params)
+
+    # --- freezing ------------------------------------------------------------------------------
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
+        """Set requires_grad on every parameter (False freezes the whole module)."""
+        for p in self.parameters():
+            p.requires_grad = requires_grad
+        return self
+
+    def freeze(self, *patterns: str) -> list[str]:
+        """Freeze the parameters whose dotted name matches one of the glob patterns
+        ("h.0.*", "*.ln_*", "wte.weight"); return their names. A frozen parameter gets no
+        gradient (nothing is computed or stored for it), optimizers skip it and checkpoints
+        remember it. A pattern that matches no parameter is an error (a typo freezes nothing)."""
+        names = [name for name, _ in self.named_parameters()]
+        unmatched = [pat for pat in patterns if not fnmatch.filter(names, pat)]
+        if unmatched:
+            raise KeyError(
+                f"{type(self).__name__}.freeze: no parameter name matches {unmatched}; "
+                f"names look like {names[:3]}"
+            )
+        frozen = []
+        for name, p in self.named_parameters():
+            if any(fnmatch.fnmatchcase(name, pat) for pat in patterns):
+                p.requires_grad = False
+                frozen.append(name)
+        return frozen
 
     # --- modes and gradients -------------------------------------------------------------------
     def to(self, dtype: Any) -> Module:

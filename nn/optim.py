@@ -2,10 +2,11 @@
 
 An optimizer holds `param_groups`: a list of dicts, each with its "params" and its own
 hyperparameters ("lr", "weight_decay", ...), so that e.g. biases and norm weights can be kept out
-of weight decay. `step()` updates every parameter that has a .grad; parameters are changed in
-place under no_grad() (which bumps their version, so a stale graph cannot be back-propagated).
-`state_dict()` / `load_state_dict()` carry the step counts and moment arrays exactly, so that a
-resumed run continues bit for bit.
+of weight decay. `step()` updates every parameter that requires grad and has a .grad (a frozen
+one, requires_grad=False, may sit in a group: it is skipped and gets no state); parameters are
+changed in place under no_grad() (which bumps their version, so a stale graph cannot be
+back-propagated). `state_dict()` / `load_state_dict()` carry the step counts and moment arrays
+exactly, so that a resumed run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from autograd import Tensor, hooks, no_grad
+from nn.module import Parameter
 
 
 class Optimizer:
@@ -47,8 +49,11 @@ class Optimizer:
         params = list(group["params"])
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         for p in params:
-            if not isinstance(p, Tensor) or not p.requires_grad:
-                raise TypeError(f"{name}: parameters must be Tensors that require grad, got {p!r}")
+            if not isinstance(p, Parameter) and not (isinstance(p, Tensor) and p.requires_grad):
+                raise TypeError(
+                    f"{name}: parameters must be Parameters (frozen ones are skipped) or "
+                    f"Tensors that require grad, got {p!r}"
+                )
             if id(p) in seen:
                 raise ValueError(f"{name}: a parameter (shape {p.shape}) appears in two groups")
             seen.add(id(p))
@@ -66,13 +71,13 @@ class Optimizer:
                 p.grad = None
 
     def step(self) -> None:
-        """Update every parameter that received a gradient."""
+        """Update every parameter that requires grad and received a gradient (frozen: skipped)."""
         if hooks.RECORDER is not None:  # autograd.compile: replayed (or fused) with the step
             hooks.RECORDER.optimizer_step(self)
         with no_grad():
             for group in self.param_groups:
                 for p in group["params"]:
-                    if p.grad is not None:
+                    if p.requires_grad and p.grad is not None:
                         self._update(p, p.grad, group, self.state.setdefault(p, {}))
 
     def _update(self, p: Tensor, grad: np.ndarray, group: dict, state: dict) -> None:
@@ -260,7 +265,7 @@ def clip_grad_norm_(params: Iterable[Tensor], max_norm: float) -> float:
 
 
 def _clip_grad_norm(params: list[Tensor], max_norm: float) -> float:
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [p.grad for p in params if p.requires_grad and p.grad is not None]
     total = math.sqrt(sum(float(np.vdot(g, g)) for g in grads))
     if math.isfinite(total) and total > max_norm:
         scale = max_norm / (total + 1e-6)

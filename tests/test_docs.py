@@ -15,7 +15,14 @@ import pytest
 import autograd
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-GUIDES = ["internals.md", "worked_example.md", "tokenizer.md", "higher_order.md", "forward_mode.md"]
+GUIDES = [
+    "internals.md",
+    "worked_example.md",
+    "tokenizer.md",
+    "higher_order.md",
+    "forward_mode.md",
+    "finetune.md",
+]
 FENCE = re.compile(r"^```python\n(.*?)^```", flags=re.M | re.S)
 
 

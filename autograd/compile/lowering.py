@@ -389,9 +389,11 @@ def _layer_norm_backward(plan: Any, node: Any, position: int) -> Lowered:
     chunks = min(layernorm.GRAD_CHUNKS, rows)
     gw_part, gb_part = np.zeros((chunks, c)), np.zeros((chunks, c))
     gw64, gb64 = np.empty(c), np.empty(c)
-    gx, post_x = plan.contribution(x, (rows, c), position)
-    gw, post_w = plan.contribution(w, (c,), position)
-    gb, post_b = plan.contribution(b, (c,), position)
+    # The kernel writes all three; a value that needs no gradient (a frozen weight or bias, an
+    # input computed from frozen parameters only) gets a scratch buffer instead of a gradient.
+    gx, post_x = _contribution_or_scratch(plan, x, (rows, c), position)
+    gw, post_w = _contribution_or_scratch(plan, w, (c,), position)
+    gb, post_b = _contribution_or_scratch(plan, b, (c,), position)
     g2 = g.reshape(rows, c)
     post = _then(post_x, post_w, post_b)
 
@@ -407,6 +409,16 @@ def _layer_norm_backward(plan: Any, node: Any, position: int) -> Lowered:
         post()
 
     return run, "Numba kernel into the gradient buffers"
+
+
+def _contribution_or_scratch(plan: Any, v: Any, shape: tuple, position: int) -> tuple:
+    """plan.contribution(v) if v requires grad, else a scratch buffer released after `position`
+    (no gradient buffer, and no .grad, for a frozen parameter)."""
+    if v.requires_grad:
+        return plan.contribution(v, shape, position)
+    scratch = plan.arena.take(shape, v.dtype)
+    plan.release_at.setdefault(position, []).append(scratch)
+    return scratch, None
 
 
 def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
@@ -505,9 +517,12 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
     rule = describe() if describe is not None else None
     if rule is None or rule["rule"] != "adam":
         return None
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    # frozen parameters (requires_grad=False) stay where they are: no flat slot, no moments
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     leaf_of = {id(v.tensor): v for v in plan.leaves}
-    if any(id(p) not in leaf_of or leaf_of[id(p)].id not in with_grad for p in params):
+    if not params or any(
+        id(p) not in leaf_of or leaf_of[id(p)].id not in with_grad for p in params
+    ):
         return None  # a parameter without a gradient this step: eager skips it; keep eager
     dtypes = {p.dtype for p in params}
     steps = {optimizer.state.get(p, {}).get("step", 0) for p in params}
@@ -519,7 +534,7 @@ def flat_optimizer(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[
     offset, ranges = 0, []
     for group in optimizer.param_groups:
         start = offset
-        for p in group["params"]:
+        for p in (p for p in group["params"] if p.requires_grad):
             view = lambda name, o=offset, p=p: flat[name][o : o + p.size].reshape(p.shape)
             np.copyto(view("param"), p.data)
             p.data = view("param")  # the parameter now lives in the flat buffer

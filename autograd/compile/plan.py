@@ -370,6 +370,7 @@ class Plan:
         seed = np.ones(root.shape, root.dtype) if self.shard is None else self.shard.seed
         self.grads[root.id] = seed
         self.has_grad.add(root.id)
+        carried = self._carry_leaf_grads()
         for node in steps:
             if isinstance(node, Recompute):
                 self._recompute(node.segment)
@@ -383,8 +384,36 @@ class Plan:
             out = node.out.id
             if out != root.id and self.grads[out] is not None and out not in self.aliased:
                 self.arena.release(self.grads[out])
+        if carried:
+            self._emit(self._add_carried(carried), "leaf .grad += this backward's gradients")
         if self.shard is None:
             self._emit(self._set_leaf_grads(), "leaf .grad = its gradient buffer (parameters)")
+
+    def _carry_leaf_grads(self) -> dict[int, np.ndarray]:
+        """Before a second backward of the step (gradient accumulation): each leaf gradient
+        from an earlier one is set aside and this backward writes a fresh buffer, which is
+        then added to it, as eager adds the backward's sum of contributions to .grad (so a
+        tied weight's two contributions are summed first, in eager's order)."""
+        carried = {}
+        for v in self.leaves:
+            if v.id in self.has_grad:
+                carried[v.id] = self.grads[v.id]
+                self.grads[v.id] = self.arena.take(v.shape, v.dtype)
+                self.has_grad.discard(v.id)
+        return carried
+
+    def _add_carried(self, carried: dict[int, np.ndarray]) -> Callable[[], None]:
+        pairs = [(old, self.grads[vid]) for vid, old in carried.items() if vid in self.has_grad]
+        for vid, old in carried.items():
+            self.arena.release(self.grads[vid])
+            self.grads[vid] = old
+            self.has_grad.add(vid)
+
+        def run() -> None:
+            for old, new in pairs:
+                np.add(old, new, out=old)
+
+        return run
 
     def _generic_backward(self, node: Node, position: int) -> Callable[[], None]:
         fn, grads, out = node.fn, self.grads, node.out.id
@@ -486,8 +515,12 @@ class Plan:
 
     # --- replay -------------------------------------------------------------------------------
     def still_valid(self) -> bool:
-        """False if a parameter's array was replaced since the plan was made (then retrace)."""
-        return all(v.tensor._data is a for v, a in zip(self.leaves, self.leaf_arrays, strict=True))
+        """False if a parameter's array was replaced, or it was frozen or unfrozen, since the
+        plan was made (then retrace: the plan has gradient buffers for the trainable ones only)."""
+        return all(
+            v.tensor._data is a and v.tensor._requires_grad == v.requires_grad
+            for v, a in zip(self.leaves, self.leaf_arrays, strict=True)
+        )
 
     def replay(self, args: tuple) -> Any:
         self.load(args)

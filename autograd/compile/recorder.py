@@ -93,8 +93,10 @@ class Recorder:
         self.program: list[tuple] = []  # ("op", node) | ("backward", ...) | ("call", ...) | ...
         self.used_args: set[int] = set()
         self.in_backward = False
-        self.backward_steps: list[Any] | None = None  # nodes in the order of their VJPs (and
-        # Recompute entries: a checkpointed segment run again)
+        # the nodes of the backward running now, in the order of their VJPs (a step may run
+        # several, one per micro-batch of gradient accumulation: the gradients add up), and
+        # Recompute entries: a checkpointed segment run again
+        self.backward_steps: list[Any] | None = None
         self.segments: list[Segment] = []
         self._open: Segment | None = None  # the segment whose first forward is being recorded
         self._replaying: Segment | None = None  # the segment its backward is running again
@@ -188,8 +190,6 @@ class Recorder:
                 "compile: autograd.grad (gradients returned, not accumulated into .grad) cannot "
                 "be compiled; call loss.backward() in the step"
             )
-        if self.backward_steps is not None:
-            raise TraceError("compile: a compiled step may run backward() once")
         if len(roots) != 1:
             raise TraceError("compile: backward of several outputs at once cannot be compiled")
         (root,), (seed,) = roots, seeds

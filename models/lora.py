@@ -1,0 +1,72 @@
+"""Merge a LoRA adapter into its base model: one checkpoint that any loader of the base reads.
+
+    python -m models.lora merge --base DIR --adapter DIR --out DIR
+
+DIR of --base: a model directory models.train can start from (config.json + model.safetensors,
+with its tokenizer files); --adapter: what a LoRA run saved (adapter_model.safetensors +
+adapter_config.json, nn.save_adapter). The adapter's update is folded into each wrapped weight,
+W + (alpha / r) A B (nn/lora.py), and --out gets the base's files with the merged weights: the
+same logits as base + adapter, with no adapter left to apply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import models
+import nn
+
+# files of a model directory that are not copied: the weights (written merged) and, in a training
+# run's directory, its state (the rest, e.g. the tokenizer, is copied as it is)
+NOT_COPIED = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "config.json",
+    "optimizer.safetensors",
+    "train_state.json",
+    "loss.png",
+)
+
+
+def merge(
+    base: str | Path, adapter: str | Path, out: str | Path, dtype: str = "float32"
+) -> list[str]:
+    """Write base + adapter, merged in `dtype`, to `out`; return the merged modules' names."""
+    base, out = Path(base), Path(out)
+    if out.resolve() == base.resolve():
+        raise ValueError("models.lora merge: --out must not be the --base directory")
+    model = models.from_pretrained(base, dtype=dtype)
+    nn.load_adapter(adapter, model)
+    names = nn.unload_lora(model)
+    out.mkdir(parents=True, exist_ok=True)
+    for path in base.iterdir():
+        shard = path.name.startswith("model-") and path.suffix == ".safetensors"
+        if path.is_file() and path.name not in NOT_COPIED and not shard:
+            shutil.copy2(path, out / path.name)
+    model.save_pretrained(out)
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m models.lora", description=__doc__.split("\n")[0]
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    merge_parser = commands.add_parser("merge", help="fold an adapter into its base model")
+    merge_parser.add_argument("--base", required=True, help="the base model's directory")
+    merge_parser.add_argument("--adapter", required=True, help="the adapter's directory")
+    merge_parser.add_argument("--out", required=True, help="where to write the merged model")
+    merge_parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "float64"], help="of the merged weights"
+    )
+    args = parser.parse_args(argv)
+    names = merge(args.base, args.adapter, args.out, args.dtype)
+    print(f"merged {len(names)} adapters ({', '.join(names)}) into {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
