@@ -580,3 +580,29 @@ def test_a_checkpointed_segment_keeps_its_input_and_the_shared_rng_stream():
         for p, p_c in zip(w, w_c, strict=True):
             assert np.array_equal(p_c.grad, p.grad)
     assert masks.bit_generator.state == eager_masks.bit_generator.state
+
+
+def test_checkpointed_blocks_with_gradient_accumulation_replay_bit_for_bit():
+    # two micro-batches, two backward passes in one step: each pass recomputes its own segments
+    def setup(checkpointing):
+        model, optimizer, _ = _setup(np.float64, 0.1, checkpointing=checkpointing)
+
+        def step(x1, y1, x2, y2):
+            optimizer.zero_grad()
+            for x, y in ((x1, y1), (x2, y2)):
+                _, loss = model(x, y)
+                (loss * 0.5).backward()
+            optimizer.step()
+            return loss
+
+        return model, step
+
+    plain, eager = setup(False)
+    checkpointed, step = setup(True)
+    compiled = autograd.compile(step, fusion=False)
+    for x, y in _batches(3, rows=4):
+        halves = [np.ascontiguousarray(a) for a in (x[:2], y[:2], x[2:], y[2:])]
+        assert compiled(*halves).item() == eager(*halves).item()
+    p1, p2 = plain.state_dict(), checkpointed.state_dict()
+    for name in p1:
+        assert np.array_equal(p1[name], p2[name]), name
