@@ -500,6 +500,12 @@ def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Ten
 _erf = np.frompyfunc(math.erf, 1, 1)  # exact erf; numpy has none (only the 'none' GELU uses it)
 
 
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    """Phi(x) = (1 + erf(x / sqrt 2)) / 2 in x's dtype (an array for 0-d x too: frompyfunc gives
+    a Python float there)."""
+    return np.asarray(0.5 * (1 + _erf(x / math.sqrt(2.0))), dtype=x.dtype)
+
+
 class Gelu(Function):
     # tanh:  y = x/2 (1 + t), t = tanh(u), u = s (x + 0.044715 x^3), s = sqrt(2/pi)
     #        dy/dx = (1 + t)/2 + x/2 (1 - t^2) s (1 + 3 * 0.044715 x^2)     (kernels.gelu)
@@ -509,7 +515,7 @@ class Gelu(Function):
             y, t = kernels.gelu_forward(x)
             self.save_for_backward(x, t, approximate)
             return y
-        cdf = (0.5 * (1 + _erf(x / math.sqrt(2.0)))).astype(x.dtype)
+        cdf = _normal_cdf(x)
         self.save_for_backward(x, cdf, approximate)
         return x * cdf
 
@@ -543,7 +549,7 @@ class NormalCdf(Op):
     # out = Phi(x) = (1 + erf(x / sqrt 2)) / 2;  dx = g * phi(x)   (notes 8.2: exact GELU's dy/dx)
     def forward(self, x):
         self.save_for_backward(x)
-        return (0.5 * (1 + _erf(x / math.sqrt(2.0)))).astype(x.dtype)
+        return _normal_cdf(x)
 
     def backward(self, g):
         (x,) = self.saved

@@ -13,6 +13,7 @@ The checker (`check_op`), the numpy references and the generic strategies are th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ from hypothesis.extra import numpy as hnp
 import autograd
 import autograd.functional as F
 import nn
+from autograd import ops, unbroadcast
 from autograd.testing import Example
 from autograd.testing.references import (
     np_attention,
@@ -205,6 +207,66 @@ def getitem_case(draw):
 
 
 register("getitem", getitem_case())
+
+
+# The ops that other ops' VJPs apply (for create_graph): each is also a differentiable op.
+
+
+@st.composite
+def sum_to_case(draw):
+    """ops.SumTo (unbroadcast as an op): a of the broadcast shape summed back to an input's."""
+    pair = draw(BROADCAST_PAIR)
+    shape = pair.input_shapes[0]
+    (a,) = draw(values([pair.result_shape], large=True, zeros=True))
+    return Example(
+        lambda t: ops.SumTo.apply(t, shape=shape),
+        lambda x: unbroadcast(x, shape),
+        [a],
+    )
+
+
+@st.composite
+def broadcast_to_case(draw):
+    """ops.BroadcastTo: a repeated up to a shape it broadcasts to."""
+    pair = draw(BROADCAST_PAIR)
+    (a,) = draw(values([pair.input_shapes[0]], large=True, zeros=True))
+    return Example(
+        lambda t: ops.BroadcastTo.apply(t, shape=pair.result_shape),
+        lambda x: np.broadcast_to(x, pair.result_shape),
+        [a],
+    )
+
+
+@st.composite
+def scatter_add_case(draw):
+    """ops.ScatterAdd (GetItem's VJP as an op): rows of g added at indices that repeat."""
+    rows, width = draw(st.integers(1, 5)), draw(st.integers(1, 3))
+    size = draw(st.integers(1, 6))
+    index = np.array(draw(st.lists(st.integers(0, rows - 1), min_size=size, max_size=size)))
+    index = np.concatenate([index, index[:1]])  # at least one repeat: contributions must add
+    (g,) = draw(values([(len(index), width)], large=True, zeros=True))
+
+    def reference(x):
+        out = np.zeros((rows, width))
+        np.add.at(out, index, x)
+        return out
+
+    return Example(
+        lambda t: ops.ScatterAdd.apply(t, shape=(rows, width), index=index), reference, [g]
+    )
+
+
+def np_normal_cdf(x):
+    return 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+register("sum_to", sum_to_case())
+register("broadcast_to", broadcast_to_case())
+register("scatter_add", scatter_add_case())
+register(
+    "normal_cdf",
+    elementwise(lambda a: F.NormalCdf.apply(a), np_normal_cdf, one(large=True, zeros=True)),
+)
 
 
 @st.composite
