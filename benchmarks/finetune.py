@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -175,21 +173,15 @@ def worker_torch(directory: str, mode: str, batch: int, seq: int, steps: int) ->
 
 
 def _run_worker(kind: str, mode: str, args: argparse.Namespace, directory: Path) -> dict:
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-    }
-    threads = str(args.threads)
-    env.update(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, NUMBA_NUM_THREADS=threads)
+    from benchmarks.timing import run_worker  # here: the script side has no glassgrad
+
     # The torch worker runs this file as a script: its Python need not have glassgrad's packages.
     ours = [sys.executable, "-m", "benchmarks.finetune"]
     start = [args.hf_python, __file__] if kind == "torch" else ours
     command = [*start, "--worker", kind, "--mode", mode, "--dir", str(directory)]
     command += ["--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps)]
-    command += ["--threads", threads]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if out.returncode:
-        raise RuntimeError(f"{kind} {mode} worker failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    command += ["--threads", str(args.threads)]
+    return run_worker(command, args.threads, f"{kind} {mode}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -134,21 +133,14 @@ def worker_hf(directory: str, prompt_len: int, new: int, reps: int) -> dict:
 
 
 def _run_worker(kind: str, args: argparse.Namespace, directory: Path) -> dict:
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-    }
-    threads = str(args.threads)
-    env.update(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, NUMBA_NUM_THREADS=threads)
+    from benchmarks.timing import run_worker  # here: the script side has no glassgrad
+
     # The HF worker runs this file as a script: its Python need not have glassgrad's packages.
     start = [args.hf_python, __file__] if kind == "hf" else [sys.executable, "-m", "benchmarks.llm"]
     command = [*start, "--worker", kind, "--dir", str(directory)]
     command += ["--prompt", str(args.prompt), "--new", str(args.new), "--reps", str(args.reps)]
-    command += ["--threads", threads]
-    root = Path(__file__).resolve().parent.parent  # where `-m benchmarks.llm` is found
-    out = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, check=False)
-    if out.returncode:
-        raise RuntimeError(f"{kind} worker failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    command += ["--threads", str(args.threads)]
+    return run_worker(command, args.threads, kind)
 
 
 def main(argv: list[str] | None = None) -> int:

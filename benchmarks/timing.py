@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
+import os
 import resource
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 # Which variants this process times (None: all). The PyTorch variants run in a process of their
@@ -118,3 +122,22 @@ def measure(
     for name in variants:
         results[name].update(_summary(times[name]), reps=reps)
     return results
+
+
+def run_worker(command: Sequence[str], threads: int, what: str) -> dict:
+    """Run one measurement in a fresh process of its own, as a user gets it: `command` prints a
+    JSON line last. Its threads are set through the usual variables; OPENBLAS_CORETYPE and
+    OPENBLAS_L2_SIZE are unset (some machines set them, and they slow a current numpy: OpenBLAS
+    then picks its kernel for the CPU). Run from the repository root (`-m benchmarks.x` works)."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+    }
+    n = str(threads)
+    env.update(OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, NUMBA_NUM_THREADS=n)
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        list(command), env=env, cwd=root, capture_output=True, text=True, check=False
+    )
+    if out.returncode:
+        raise RuntimeError(f"{what} worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
