@@ -656,9 +656,17 @@ class Attention(Function):
 
 class MaskedAttention(Function):
     # The same op with an explicit allowed set (boolean, broadcast to (B, H, Tq, Tk)); plain numpy.
-    def forward(self, q, k, v, allowed=None):
+    # causal: and j <= i + Tk - Tq. The set is combined here, inside the op, so that a compiled
+    # step replays it with each call's mask (a mask given as a step argument: docs/compile.md).
+    def forward(self, q, k, v, allowed=None, causal=False):
+        if causal:
+            tq, tk = q.shape[-2], k.shape[-2]
+            below = np.tril(np.ones((tq, tk), dtype=bool), k=tk - tq)
+            allowed = below if allowed is None else below & allowed
         scale = 1.0 / math.sqrt(q.shape[-1])
-        scores = np.where(allowed, q @ np.swapaxes(k, -1, -2) * scale, -np.inf)
+        scores = q @ np.swapaxes(k, -1, -2) * scale
+        if allowed is not None:  # None: every key (value width != query width, no mask)
+            scores = np.where(allowed, scores, -np.inf)
         a = kernels.softmax_forward(scores)
         self.save_for_backward(q, k, v, a, scale, allowed)
         return a @ v
@@ -747,7 +755,7 @@ def scaled_dot_product_attention(
             f"scaled_dot_product_attention: query row {row} has no allowed key (a fully masked "
             f"row; q {q.shape}, k {k.shape}, causal={causal}); every row needs one (notes 7.4)"
         )
-    return MaskedAttention.apply(q, k, v, allowed=allowed)
+    return MaskedAttention.apply(q, k, v, allowed=mask, causal=causal)
 
 
 __all__ = [

@@ -370,11 +370,6 @@ class Trainer:
         """The model saved in `directory` (--init-from), in settings["dtype"]."""
         return self.load_model(directory, settings)
 
-    def compile_refusal(self, settings: dict[str, Any]) -> str | None:
-        """Why this run's steps cannot go through autograd.compile (the loop prints it and runs
-        them eagerly), or None."""
-        return None
-
     def batch(
         self, settings: dict[str, Any], data: Any, step: int, rank: int, world_size: int
     ) -> Batch:
@@ -700,10 +695,8 @@ class Trainer:
         )
         model.train()
         loss_fn = self._loss_fn(model)
-        compiled, refusal = None, self.compile_refusal(s)
-        if compile and refusal is not None:
-            _log(quiet, f"{self.name}: eager steps, not compiled: {refusal}")
-        elif compile and replicas.world_size == 1 and after_backward is None:
+        compiled = None
+        if compile and replicas.world_size == 1 and after_backward is None:
             compiled = CompiledTrainStep(
                 model, loss_fn, optimizer, s["grad_clip"], self.fusion, s["grad_accum"]
             )

@@ -18,8 +18,8 @@ training never draws one, whatever the seed, and the final accuracy is on source
 
 The training is the one loop of models/loop.py (Seq2SeqTrainer plugs in the batches, the
 evaluation and the model's files): checkpoints and loss.png in --out (runs/seq2seq-TASK),
---resume, Ctrl-C, --ddp. Its padded batches run eagerly (the loop says why); with --bucket,
-batches of one source length, the steps go through the compiled step.
+--resume, Ctrl-C, --ddp, the compiled step: a batch carries its source's padding mask as an array
+of its own (source_keys), a step argument, so each replay masks its own batch's padding.
 """
 
 from __future__ import annotations
@@ -138,6 +138,14 @@ def held_out_set(
     return list(pairs.items())
 
 
+def source_keys(src: np.ndarray) -> np.ndarray:
+    """The source's padding mask as the (B, 1, 1, S) allowed set attention reads (True = a real
+    token). A batch carries it as an array of its own, so that a compiled step takes it as an
+    argument and each replay masks its own batch's padding (a mask computed inside the step from
+    src would be a constant of the trace: docs/compile.md)."""
+    return np.ascontiguousarray((src != PAD)[:, None, None, :])
+
+
 def to_arrays(pairs: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Right-padded (src, tgt_in, tgt_out): tgt_in = BOS + target, tgt_out = target + EOS.
 
@@ -238,10 +246,11 @@ class Seq2Seq(nn.Module):
             )
         return ids.astype(np.int64, copy=False)
 
-    def encode(self, src: Any) -> tuple[Tensor, np.ndarray]:
-        """The encoder's output (B, S, C) and the source's key mask (B, S), True = real token."""
+    def encode(self, src: Any, key_mask: np.ndarray | None = None) -> tuple[Tensor, np.ndarray]:
+        """The encoder's output (B, S, C) and the source's key mask (B, S), True = real token.
+        key_mask: `source_keys(src)`, when a compiled step passes it as an argument."""
         src = self._ids(src, "src", self.config.max_src_len)
-        key_mask = src != PAD
+        key_mask = src != PAD if key_mask is None else key_mask
         x = self.drop(self.wte(src) + self.enc_pos(np.arange(src.shape[1])))
         for block in self.encoder:
             x = block(x, key_mask)
@@ -271,10 +280,13 @@ class Seq2Seq(nn.Module):
             x = self.dec_ln_f(x)
         return nn.linear(x, self.wte.weight.T)  # tied head (notes 9.4)
 
-    def forward(self, src: Any, tgt_in: Any, tgt_out: Any = None) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, src: Any, tgt_in: Any, tgt_out: Any = None, key_mask: np.ndarray | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """Logits (B, T, V) for every target position, and the mean cross-entropy against
-        tgt_out (IGNORE_INDEX = padding) when given (teacher forcing: the whole target at once)."""
-        memory, key_mask = self.encode(src)
+        tgt_out (IGNORE_INDEX = padding) when given (teacher forcing: the whole target at once).
+        key_mask: the source's padding mask as `source_keys(src)` (else computed here)."""
+        memory, key_mask = self.encode(src, key_mask)
         logits = self.decode(tgt_in, memory, key_mask)
         if tgt_out is None:
             return logits, None
@@ -348,7 +360,7 @@ def same_length_pairs(
     (length bucketing, --bucket): each pair is distributed as sample_pairs' given its source's
     length, and that length as sample_pairs' too.
 
-    Such a batch has no padding in its source, so no padding mask, and its step can be compiled.
+    Such a batch has no padding in its source.
     Targets may still differ in length (add's carry): their padding needs no mask (causal
     self-attention, and IGNORE_INDEX in the loss).
     """
@@ -420,18 +432,9 @@ class Seq2SeqTrainer(loop.Trainer):
         add("--eval-size", "held-out sequences to score", type=int)
         add(
             "--bucket",
-            "batches of one source length: no padding mask, so the step compiles",
+            "batches of one source length (no source padding)",
             action="store_true",
             default=None,
-        )
-
-    def compile_refusal(self, s: dict[str, Any]) -> str | None:
-        if s["bucket"]:
-            return None
-        return (
-            "the padding mask is computed from each batch in numpy (Seq2Seq.encode), outside "
-            "any op, so a compiled replay would keep the first batch's mask (docs/compile.md); "
-            "--bucket draws batches of one source length, whose steps compile"
         )
 
     def defaults(self, given: dict[str, Any]) -> dict[str, Any]:
@@ -475,10 +478,11 @@ class Seq2SeqTrainer(loop.Trainer):
             pairs = same_length_pairs(data.task, rng, s["batch_size"], *lengths)
         else:
             pairs = sample_pairs(data.task, rng, s["batch_size"], *lengths, held_out=False)
-        return tuple(a[rank::world_size] for a in to_arrays(pairs))
+        src, tgt_in, tgt_out = (a[rank::world_size] for a in to_arrays(pairs))
+        return src, tgt_in, tgt_out, source_keys(src)
 
     def tokens(self, batch: loop.Batch) -> int:
-        src, tgt_in, _ = batch
+        src, tgt_in = batch[:2]
         return src.size + tgt_in.size
 
     def baselines(self, data: DigitData) -> dict[str, float]:

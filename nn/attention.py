@@ -112,23 +112,28 @@ def _attention_mask(layer: str, key_mask: Any, batch: int, n_keys: int) -> Any:
     """A (B, Tk) allowed set as the (B, 1, 1, Tk) mask F.scaled_dot_product_attention broadcasts
     over heads and queries; None when there is nothing to mask.
 
-    An all-True mask becomes None too: attention then runs the fused kernel instead of the explicit
-    (Tq, Tk) masked path (same result, cheaper).
+    An all-True (B, Tk) mask becomes None too: attention then runs the fused kernel instead of the
+    explicit (Tq, Tk) masked path (same result, cheaper). A mask given already as (B, 1, 1, Tk) is
+    passed on as it is, never collapsed: a compiled step takes it as an argument (new values each
+    replay), and the attention op must read that very array (docs/compile.md).
     """
     if key_mask is None:
         return None
     mask = np.asarray(key_mask.data if isinstance(key_mask, Tensor) else key_mask)
-    if mask.dtype != np.bool_ or mask.shape != (batch, n_keys):
+    if mask.dtype != np.bool_ or mask.shape not in ((batch, n_keys), (batch, 1, 1, n_keys)):
         raise ValueError(
             f"{layer}: key_mask must be a boolean (B, Tk) = {(batch, n_keys)} allowed set "
-            f"(True = a real token), got dtype {mask.dtype} shape {mask.shape}"
+            f"(True = a real token) or the same as (B, 1, 1, Tk), got dtype {mask.dtype} shape "
+            f"{mask.shape}"
         )
-    empty = ~mask.any(axis=1)
+    empty = ~mask.reshape(batch, n_keys).any(axis=1)
     if empty.any():
         raise ValueError(
             f"{layer}: key_mask row {int(np.argmax(empty))} allows no key; every sequence needs "
             "at least one real token (notes 7.4)"
         )
+    if mask.ndim == 4:
+        return mask
     return None if mask.all() else mask[:, None, None, :]
 
 
