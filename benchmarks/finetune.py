@@ -32,17 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 
-SMOLLM2_135M = dict(  # models.llama.llama_config's sizes of SmolLM2-135M
-    vocab_size=49152,
-    block_size=8192,
-    n_layer=30,
-    n_head=9,
-    n_kv_head=3,
-    n_embd=576,
-    ffn_hidden=1536,
-    rope_theta=100000.0,
-    tie_word_embeddings=True,
-)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 LORA_RANK, LORA_ALPHA, LR = 8, 16.0, 1e-4
 
@@ -51,6 +40,7 @@ def write_model(directory: Path) -> None:
     """The random SmolLM2-135M-shaped model as a Hugging Face directory (float32)."""
     import numpy as np
 
+    from benchmarks.llm import SMOLLM2_135M  # here: the torch worker's script side has no glassgrad
     from models.llama import Llama, llama_config
 
     Llama(llama_config(**SMOLLM2_135M), rng=np.random.default_rng(0)).save_pretrained(directory)
