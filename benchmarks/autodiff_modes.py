@@ -83,6 +83,7 @@ def _calls(kind: str, variant: str, config_text: str) -> tuple[Any, dict[str, An
     import autograd
     import nn
     from autograd.higher_order import hvp_by_double_backward, jvp_by_transpose
+    from benchmarks.configs import training_step
 
     model, bench, x, y = _model(config_text, checkpointing=variant.endswith("checkpointed"))
     params = list(model.parameters())
@@ -115,12 +116,7 @@ def _calls(kind: str, variant: str, config_text: str) -> tuple[Any, dict[str, An
         return (lambda: jvp(body, (h0,), (v,))), facts
     optimizer = nn.optim.AdamW(params, lr=1e-4)
 
-    def step(x: np.ndarray, y: np.ndarray) -> Any:
-        optimizer.zero_grad()
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = training_step(model, optimizer)
 
     if variant.startswith("compiled"):
         compiled = autograd.compile(step, shards=1)

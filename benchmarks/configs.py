@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from models.gpt import GPTConfig
 
@@ -81,3 +83,17 @@ def train_flops(config: BenchConfig, n_params_no_wpe: int) -> float:
     tokens = config.batch_size * config.block_size
     per_token = 6 * n_params_no_wpe + 12 * config.n_layer * config.block_size * config.n_embd
     return float(tokens * per_token)
+
+
+def training_step(model: Any, optimizer: Any) -> Callable[[Any, Any], Any]:
+    """The step every training benchmark times: zero_grad, forward with the loss, backward,
+    the optimizer's update; returns the loss (a Tensor). Compile it or call it eagerly."""
+
+    def step(x: Any, y: Any) -> Any:
+        optimizer.zero_grad()
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step

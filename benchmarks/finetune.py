@@ -79,6 +79,7 @@ def worker_glassgrad(directory: str, mode: str, batch: int, seq: int, steps: int
     import autograd
     import models
     import nn
+    from benchmarks.configs import training_step
 
     model = models.from_pretrained(directory)
     if mode == "lora":
@@ -86,12 +87,7 @@ def worker_glassgrad(directory: str, mode: str, batch: int, seq: int, steps: int
     trainable, total = model.parameter_counts()
     optimizer = nn.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
 
-    def step(x, y):
-        optimizer.zero_grad()
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = training_step(model, optimizer)
 
     compiled = autograd.compile(step)
     x, y = _batch(batch, seq, model.config.vocab_size)

@@ -48,11 +48,11 @@ def rss_mb(field: str = "VmRSS") -> float:
 
 
 def _glassgrad_step(config: Any, threads: int | None, compiled: bool) -> tuple[Callable, Any]:
-    import numpy as np
 
     import autograd
     import nn
     from benchmarks import system
+    from benchmarks.configs import training_step
     from benchmarks.suites import _batch, bench_model
 
     system.set_threads(threads)
@@ -60,12 +60,7 @@ def _glassgrad_step(config: Any, threads: int | None, compiled: bool) -> tuple[C
     optimizer = nn.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     x, y = _batch(config)
 
-    def step(x: np.ndarray, y: np.ndarray) -> Any:
-        optimizer.zero_grad()
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = training_step(model, optimizer)
 
     run = autograd.compile(step) if compiled else step
 
