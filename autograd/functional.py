@@ -20,7 +20,16 @@ from typing import Any
 import numpy as np
 
 from autograd import hooks, kernels
-from autograd.ops import Op, concatenate, exp, scatter_add, swap_last, unsqueeze, where
+from autograd.ops import (
+    Op,
+    concatenate,
+    exp,
+    scatter_add,
+    sigmoid_array,
+    swap_last,
+    unsqueeze,
+    where,
+)
 from autograd.tensor import Function, Tensor, is_grad_enabled
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -332,17 +341,17 @@ def layer_norm(
 class RMSNorm(Function):
     # y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps);  (no centring, unlike LayerNorm, 8.4)
     # dx = rstd * (u - xhat * mean(u * xhat)), u = g * w, xhat = x * rstd;  dw = sum g * xhat
+    # It keeps x (the graph holds it anyway) and one rstd per row; xhat is recomputed in backward.
     def forward(self, x, weight, eps=1e-5):
         if weight.shape != x.shape[-1:]:
             raise ValueError(f"rms_norm: weight {weight.shape} must have shape {x.shape[-1:]}")
         rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-        xhat = x * rstd
-        self.save_for_backward(xhat, weight, rstd, eps)
-        return xhat * weight
+        self.save_for_backward(x, weight, rstd, eps)
+        return x * rstd * weight
 
     def backward(self, g):
-        xhat, weight, rstd, _ = self.saved
-        return _rms_norm_vjp(g, xhat, weight, rstd, self.needs_input_grad)
+        x, weight, rstd, _ = self.saved
+        return _rms_norm_vjp(g, x * rstd, weight, rstd, self.needs_input_grad)
 
     def vjp(self, g, output):  # the statistics recomputed as Tensors, then the same rule
         (x, weight), eps = self.inputs, self.saved[-1]
@@ -351,7 +360,8 @@ class RMSNorm(Function):
 
     def jvp(self, out, x_dot, w_dot):  # y_dot = xhat_dot w + xhat w_dot,
         # xhat_dot = rstd * (x_dot - xhat * mean(x_dot * xhat))
-        xhat, weight, rstd, _ = self.saved
+        x, weight, rstd, _ = self.saved
+        xhat = x * rstd
         xhat_dot = rstd * (x_dot - xhat * (x_dot * xhat).mean(axis=-1, keepdims=True))
         return xhat_dot * weight + xhat * w_dot
 
@@ -572,11 +582,33 @@ def relu(x: Tensor) -> Tensor:
     return _tensor(x).relu()
 
 
+class SiLU(Function):
+    # y = x s, s = sigmoid(x);  dx = g s (1 + x (1 - s))   (product rule, with s' = s (1 - s))
+    # One op, not x * sigmoid(x): it keeps x alone for the backward and recomputes s there, where
+    # the two ops would keep s and x * s too (two more (B, T, FFN) arrays per layer until backward).
+    def forward(self, x):
+        self.save_for_backward(x)
+        return x * sigmoid_array(x)
+
+    def backward(self, g):
+        (x,) = self.saved
+        s = sigmoid_array(x)
+        return (g * s * (1 + x * (1 - s)),)
+
+    def vjp(self, g, output):  # the same rule on Tensors (s from Tensor ops)
+        (x,) = self.inputs
+        s = x.sigmoid()
+        return (g * s * (1 + x * (1 - s)),)
+
+    def jvp(self, out, x_dot):  # y_dot = s (1 + x (1 - s)) x_dot
+        (x,) = self.saved
+        s = sigmoid_array(x)
+        return s * (1 + x * (1 - s)) * x_dot
+
+
 def silu(x: Tensor) -> Tensor:
-    """x * sigmoid(x) (SiLU, the gate of Llama's SwiGLU MLP, notes 8.2); composed of Mul and
-    Sigmoid, so its gradient is theirs: sigmoid(x) * (1 + x * (1 - sigmoid(x)))."""
-    x = _tensor(x)
-    return x * x.sigmoid()
+    """x * sigmoid(x) (SiLU, the gate of Llama's SwiGLU MLP, notes 8.2)."""
+    return SiLU.apply(_tensor(x))
 
 
 class Dropout(Op):

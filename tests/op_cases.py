@@ -91,6 +91,10 @@ register(
     "sigmoid",
     elementwise(lambda a: a.sigmoid(), lambda a: np.exp(-np.logaddexp(0, -a)), one(large=True)),
 )
+register(
+    "silu",
+    elementwise(F.silu, lambda a: a * np.exp(-np.logaddexp(0, -a)), one(large=True, zeros=True)),
+)
 register("scalar_radd", elementwise(lambda a: 2.5 + a, lambda a: 2.5 + a, one()))
 register("scalar_rsub", elementwise(lambda a: 2.5 - a, lambda a: 2.5 - a, one()))
 register("scalar_rmul", elementwise(lambda a: 2.5 * a, lambda a: 2.5 * a, one(zeros=True)))

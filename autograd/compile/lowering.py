@@ -48,13 +48,18 @@ def saved_for_backward(plan: Any, node: Any) -> list[Any]:
     its formula needs (an add reads nothing, a linear its input), so the others can die early;
     an op that replays its own VJP may read any input or its output (fn.saved)."""
     fn = node.fn
-    if _basic_view(node) or isinstance(fn, (ops.Add, F.Embedding)):
-        return []
+    if _basic_view(node) or isinstance(fn, (ops.Add, F.Embedding, F.Rotary, ops.BroadcastTo)):
+        return []  # (Rotary keeps its angle tables, BroadcastTo the input's shape)
     if isinstance(fn, ops.Reshape) and node.view_of is None:  # a copying reshape
         return []
-    if isinstance(fn, (F.Linear, F.LayerNorm, F.Gelu)) and (
-        type(fn) not in _NEEDS_NUMBA or _numba()
-    ):
+    if isinstance(fn, (F.Linear, ops.Mul)):  # dx = g W^T, dW = x^T g; da = g b, db = g a
+        a, b = node.inputs[:2]  # each factor only if the other one gets a gradient
+        return [v for v, other in ((a, b), (b, a)) if other.requires_grad]
+    if isinstance(fn, (F.SiLU, F.RMSNorm)):  # x (and leaves); s, xhat are recomputed from x
+        return list(node.inputs)
+    if isinstance(fn, ops.Sigmoid):  # its own copy of the output, not the output's buffer
+        return []
+    if isinstance(fn, (F.LayerNorm, F.Gelu)) and (type(fn) not in _NEEDS_NUMBA or _numba()):
         return list(node.inputs)
     if isinstance(fn, F.Attention) and _numba() and _fused_attention(plan, node):
         return list(node.inputs)  # q, k, v (and the kept P), not the output

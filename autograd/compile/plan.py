@@ -91,7 +91,7 @@ class Plan:
         `shard.seed`; the caller runs the rest (reduction, clipping, the optimizer)."""
         self.fusion = fusion
         self.shard = shard
-        self.values = sorted(rec.values.values(), key=lambda v: v.id)
+        self.values = rec.recorded  # (by id)
         self.vals: list[Any] = [None] * len(self.values)
         self.grads: list[Any] = [None] * len(self.values)
         self.arena = Arena()
