@@ -30,7 +30,7 @@ from autograd.ops import (
     unsqueeze,
     where,
 )
-from autograd.tensor import Function, Tensor, is_grad_enabled
+from autograd.tensor import Function, Tensor
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -449,30 +449,35 @@ def embedding(weight: Tensor, idx: Any) -> Tensor:
 
 class CrossEntropy(Function):
     # L = mean over kept rows of (logsumexp(l) - l[y]);  dl = (softmax(l) - onehot(y)) / n  (10.3)
-    # Forward and gradient come from one fused pass; backward only scales by the incoming g.
-    def forward(self, logits, targets=None, ignore_index=-100, need_grad=True):
+    # The forward computes L only; the backward computes dl (times g) in one fused pass of its
+    # own, so no (N, V) gradient array lives from the forward to the backward beside the logits.
+    def forward(self, logits, targets=None, ignore_index=-100):
         flat_logits = logits.reshape(-1, logits.shape[-1])
-        loss, dlogits = kernels.cross_entropy_forward(
-            flat_logits, targets.reshape(-1), ignore_index, need_grad
+        loss, _ = kernels.cross_entropy_forward(
+            flat_logits, targets.reshape(-1), ignore_index, False
         )
-        self.save_for_backward(dlogits, logits.shape, targets, ignore_index)
+        self.save_for_backward(logits, targets, ignore_index)
         return np.asarray(loss, dtype=logits.dtype)
 
     def backward(self, g):
-        dlogits, shape, _, _ = self.saved
-        return ((dlogits * g).reshape(shape),)
+        return (self._dlogits(g),)
+
+    def _dlogits(self, g: Any) -> np.ndarray:
+        logits, targets, ignore_index = self.saved
+        flat = logits.reshape(-1, logits.shape[-1])
+        _, dlogits = kernels.cross_entropy_forward(flat, targets.reshape(-1), ignore_index, True, g)
+        return dlogits.reshape(logits.shape)
 
     def vjp(self, g, output):  # (softmax(l) - onehot(y)) / n, with softmax(l) a Tensor
-        (logits,), (_, shape, targets, ignore_index) = self.inputs, self.saved
+        (logits,), (_, targets, ignore_index) = self.inputs, self.saved
         kept = targets != ignore_index
-        onehot = np.zeros(shape, dtype=logits.dtype)
+        onehot = np.zeros(logits.shape, dtype=logits.dtype)
         np.put_along_axis(onehot, np.where(kept, targets, 0)[..., None], 1, axis=-1)
         row_weight = (kept / max(int(kept.sum()), 1)).astype(logits.dtype)[..., None]
         return ((softmax(logits) - onehot) * row_weight * g,)
 
     def jvp(self, out, l_dot):  # L_dot = sum(dL/dl * l_dot), dL/dl = (softmax(l) - onehot(y)) / n
-        dlogits, shape, _, _ = self.saved  # (cross_entropy asks for it when l carries a tangent)
-        return np.sum(dlogits.reshape(shape) * l_dot)
+        return np.sum(self._dlogits(1.0) * l_dot)
 
 
 def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Tensor:
@@ -497,12 +502,7 @@ def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Ten
             f"not ignore_index={ignore_index} (logits {logits.shape}, targets {targets.shape}): "
             f"targets must lie in [0, {vocab}) or be ignore_index"
         )
-    level = hooks.DUAL_LEVEL  # forward mode's rule needs dL/dl too
-    carries_tangent = level is not None and level.tangent(logits) is not None
-    need_grad = (logits.requires_grad and is_grad_enabled()) or carries_tangent
-    return CrossEntropy.apply(
-        logits, targets=targets, ignore_index=ignore_index, need_grad=need_grad
-    )
+    return CrossEntropy.apply(logits, targets=targets, ignore_index=ignore_index)
 
 
 # --- activations and dropout (notes 8.2) ------------------------------------------------------

@@ -165,9 +165,11 @@ def logsumexp_forward(x):
     return get_kernel("logsumexp_forward")(x)
 
 
-def cross_entropy_forward(logits, targets, ignore_index=-100, need_grad=True):
-    """(loss, dlogits) of mean NLL of log_softmax (softmax.cross_entropy_forward_numpy)."""
-    return get_kernel("cross_entropy_forward")(logits, targets, ignore_index, need_grad)
+def cross_entropy_forward(logits, targets, ignore_index=-100, need_grad=True, grad_scale=1.0):
+    """(loss, dlogits * grad_scale) of the mean NLL of log_softmax
+    (softmax.cross_entropy_forward_numpy)."""
+    kernel = get_kernel("cross_entropy_forward")
+    return kernel(logits, targets, ignore_index, need_grad, grad_scale)
 
 
 def gelu_forward(x):
