@@ -25,7 +25,6 @@ from autograd.ops import (
     concatenate,
     exp,
     scatter_add,
-    sigmoid_array,
     swap_last,
     unsqueeze,
     where,
@@ -588,22 +587,20 @@ class SiLU(Function):
     # the two ops would keep s and x * s too (two more (B, T, FFN) arrays per layer until backward).
     def forward(self, x):
         self.save_for_backward(x)
-        return x * sigmoid_array(x)
+        return kernels.silu_forward(x)
 
     def backward(self, g):
         (x,) = self.saved
-        s = sigmoid_array(x)
-        return (g * s * (1 + x * (1 - s)),)
+        return (kernels.silu_backward(g, x),)
 
     def vjp(self, g, output):  # the same rule on Tensors (s from Tensor ops)
         (x,) = self.inputs
         s = x.sigmoid()
         return (g * s * (1 + x * (1 - s)),)
 
-    def jvp(self, out, x_dot):  # y_dot = s (1 + x (1 - s)) x_dot
+    def jvp(self, out, x_dot):  # y_dot = s (1 + x (1 - s)) x_dot: the backward's rule on x_dot
         (x,) = self.saved
-        s = sigmoid_array(x)
-        return s * (1 + x * (1 - s)) * x_dot
+        return kernels.silu_backward(x_dot, x)
 
 
 def silu(x: Tensor) -> Tensor:

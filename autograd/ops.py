@@ -333,16 +333,12 @@ class Relu(Op):
         return a_dot * (a > 0)
 
 
-def sigmoid_array(a: np.ndarray) -> np.ndarray:
-    """1 / (1 + e^-a) in two branches, so that e^(-a) never overflows for large negative a."""
-    e = np.exp(-np.abs(a))
-    return np.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
-
-
 class Sigmoid(Op):
     # out = 1 / (1 + e^-a);  da = g * out * (1 - out)
     def forward(self, a):
-        out = sigmoid_array(a)
+        # Two branches so that e^(-a) never overflows for large negative a.
+        e = np.exp(-np.abs(a))
+        out = np.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
         self.save_for_backward(out)
         return out
 

@@ -94,6 +94,7 @@ register(
 register(
     "silu",
     elementwise(F.silu, lambda a: a * np.exp(-np.logaddexp(0, -a)), one(large=True, zeros=True)),
+    both_backends=True,
 )
 register("scalar_radd", elementwise(lambda a: 2.5 + a, lambda a: 2.5 + a, one()))
 register("scalar_rsub", elementwise(lambda a: 2.5 - a, lambda a: 2.5 - a, one()))

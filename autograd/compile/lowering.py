@@ -213,6 +213,15 @@ def _row_blocks(T: int, causal: bool) -> list[tuple[int, int]]:
     return [(r0, min(r0 + CAUSAL_BLOCK, T)) for r0 in range(0, T, CAUSAL_BLOCK)]
 
 
+def _silu_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
+    from autograd.kernels import silu
+
+    vals, x, flat_out = plan.vals, node.inputs[0].id, out.reshape(-1)
+    return (
+        lambda: silu._silu_values(out.size, vals[x].reshape(-1), flat_out)
+    ), "Numba kernel into out"
+
+
 def _attention_probs(plan: Any, node: Any, probs: np.ndarray) -> Callable[[], None]:
     """A step writing P = softmax(q k^T scale) into probs, over the allowed key blocks (causal:
     the future set to 0). The forward and the backward both run it: P is not kept in between (a
@@ -276,6 +285,7 @@ _ACCEPTS = {
 
 _FORWARD = {
     F.Attention: _attention_forward,
+    F.SiLU: _silu_forward,
     F.CrossEntropy: _cross_entropy_forward,
     ops.Reshape: _reshape_copy_forward,
     F.Linear: _linear_forward,
@@ -284,7 +294,7 @@ _FORWARD = {
     F.LayerNorm: _layer_norm_forward,
     F.Gelu: _gelu_forward,
 }
-_NEEDS_NUMBA = {F.LayerNorm, F.Gelu, F.Attention, F.CrossEntropy}
+_NEEDS_NUMBA = {F.LayerNorm, F.Gelu, F.SiLU, F.Attention, F.CrossEntropy}
 
 
 # --- backward -----------------------------------------------------------------------------------
@@ -407,6 +417,25 @@ def _embedding_backward(plan: Any, node: Any, position: int) -> Lowered:
     idx = plan.param(node, "idx")
     target = plan.grad_target(w, w.shape, position)
     return (lambda: target(kernels.embedding_backward(idx, g, w.shape[0]))), "kernel, then added"
+
+
+def _silu_backward(plan: Any, node: Any, position: int) -> Lowered:
+    # dx = g s (1 + x (1 - s)), s recomputed from x in the same pass
+    from autograd.kernels import silu
+
+    x = node.inputs[0]
+    if not x.requires_grad:
+        return (lambda: None), "no gradient needed"
+    vals, g = plan.vals, plan.grads[node.out.id].reshape(-1)
+    gx, post = plan.contribution(x, x.shape, position)
+    flat_gx = gx.reshape(-1)
+
+    def run() -> None:
+        silu._silu_grads(g.size, g, vals[x.id].reshape(-1), flat_gx)
+        if post is not None:
+            post()
+
+    return run, "one Numba pass: sigmoid recomputed from x, into the gradient buffer"
 
 
 def _cross_entropy_backward(plan: Any, node: Any, position: int) -> Lowered:
@@ -553,6 +582,7 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
 
 _BACKWARD = {
     F.Attention: _attention_backward,
+    F.SiLU: _silu_backward,
     F.CrossEntropy: _cross_entropy_backward,
     ops.Reshape: _reshape_copy_backward,
     F.Linear: _linear_backward,

@@ -75,6 +75,8 @@ KERNELS: dict[str, Kernel] = {
     "cross_entropy_forward": Kernel("softmax", "cross_entropy", examples.cross_entropy_forward),
     "gelu_forward": Kernel("gelu", "gelu", examples.gelu_forward),
     "gelu_backward": Kernel("gelu", "gelu", examples.gelu_backward),
+    "silu_forward": Kernel("silu", "silu", examples.silu_forward),
+    "silu_backward": Kernel("silu", "silu", examples.silu_backward),
     "layer_norm_forward": Kernel("layernorm", "layer_norm", examples.layer_norm_forward),
     "layer_norm_backward": Kernel("layernorm", "layer_norm", examples.layer_norm_backward),
     "embedding_backward": Kernel("embedding", "embedding", examples.embedding_backward),
@@ -180,6 +182,16 @@ def gelu_forward(x):
 def gelu_backward(gy, x, t):
     """gx of GELU, tanh approximation (gelu.gelu_backward_numpy)."""
     return get_kernel("gelu_backward")(gy, x, t)
+
+
+def silu_forward(x):
+    """y = x sigmoid(x) (silu.silu_forward_numpy)."""
+    return get_kernel("silu_forward")(x)
+
+
+def silu_backward(gy, x):
+    """gx of SiLU, sigmoid recomputed from x (silu.silu_backward_numpy)."""
+    return get_kernel("silu_backward")(gy, x)
 
 
 def layer_norm_forward(x, weight, bias, eps):
