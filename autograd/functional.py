@@ -344,33 +344,31 @@ class RMSNorm(Function):
     def forward(self, x, weight, eps=1e-5):
         if weight.shape != x.shape[-1:]:
             raise ValueError(f"rms_norm: weight {weight.shape} must have shape {x.shape[-1:]}")
-        rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+        y, rstd = kernels.rms_norm_forward(x, weight, eps)
         self.save_for_backward(x, weight, rstd, eps)
-        return x * rstd * weight
+        return y
 
     def backward(self, g):
         x, weight, rstd, _ = self.saved
-        return _rms_norm_vjp(g, x * rstd, weight, rstd, self.needs_input_grad)
+        gx, gw = kernels.rms_norm_backward(g, x, weight, rstd)
+        need_x, need_w = self.needs_input_grad
+        return (gx if need_x else None), (gw if need_w else None)
 
     def vjp(self, g, output):  # the statistics recomputed as Tensors, then the same rule
         (x, weight), eps = self.inputs, self.saved[-1]
         rstd = 1 / ((x * x).mean(axis=-1, keepdims=True) + eps).sqrt()
-        return _rms_norm_vjp(g, x * rstd, weight, rstd, self.needs_input_grad)
+        xhat, u = x * rstd, g * weight
+        need_x, need_w = self.needs_input_grad
+        gx = rstd * (u - xhat * (u * xhat).mean(axis=-1, keepdims=True)) if need_x else None
+        return gx, (_sum_rows(g * xhat) if need_w else None)
 
     def jvp(self, out, x_dot, w_dot):  # y_dot = xhat_dot w + xhat w_dot,
         # xhat_dot = rstd * (x_dot - xhat * mean(x_dot * xhat))
         x, weight, rstd, _ = self.saved
+        rstd = rstd[..., None].astype(x.dtype)
         xhat = x * rstd
         xhat_dot = rstd * (x_dot - xhat * (x_dot * xhat).mean(axis=-1, keepdims=True))
         return xhat_dot * weight + xhat * w_dot
-
-
-def _rms_norm_vjp(g: Any, xhat: Any, weight: Any, rstd: Any, needs: tuple) -> tuple:
-    """RMSNorm's VJP on arrays or Tensors (the formula above); None for what needs no grad."""
-    need_x, need_w = needs
-    u = g * weight
-    gx = rstd * (u - xhat * (u * xhat).mean(axis=-1, keepdims=True)) if need_x else None
-    return gx, (_sum_rows(g * xhat) if need_w else None)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5) -> Tensor:

@@ -353,7 +353,11 @@ register(
     norm_inputs().map(lambda c: Example(F.layer_norm, np_layer_norm, list(c), forward_rtol=1e-9)),
     both_backends=True,
 )
-register("rms_norm", norm_inputs().map(lambda c: Example(F.rms_norm, np_rms_norm, list(c[:2]))))
+register(
+    "rms_norm",
+    norm_inputs().map(lambda c: Example(F.rms_norm, np_rms_norm, list(c[:2]))),
+    both_backends=True,
+)
 
 
 @st.composite

@@ -180,6 +180,23 @@ def _layer_norm_forward(plan: Any, node: Any, out: np.ndarray, position: int) ->
     return run, "Numba kernel into out, mean/rstd kept"
 
 
+def _rms_norm_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
+    from autograd.kernels import layernorm
+
+    vals, (x, w) = plan.vals, (v.id for v in node.inputs)
+    eps = float(node.params.get("eps", 1e-5))
+    c = out.shape[-1]
+    rows = out.size // c
+    rstd = np.empty(rows, np.float64)
+    node.stats = rstd  # read by the backward
+    out2 = out.reshape(rows, c)
+
+    def run() -> None:
+        layernorm._rms_norm_rows(out.size, vals[x].reshape(rows, c), vals[w], eps, out2, rstd)
+
+    return run, "Numba kernel into out, rstd kept"
+
+
 def _gelu_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
     from autograd.kernels import gelu
 
@@ -292,9 +309,10 @@ _FORWARD = {
     ops.Add: _add_forward,
     F.Embedding: _embedding_forward,
     F.LayerNorm: _layer_norm_forward,
+    F.RMSNorm: _rms_norm_forward,
     F.Gelu: _gelu_forward,
 }
-_NEEDS_NUMBA = {F.LayerNorm, F.Gelu, F.SiLU, F.Attention, F.CrossEntropy}
+_NEEDS_NUMBA = {F.LayerNorm, F.RMSNorm, F.Gelu, F.SiLU, F.Attention, F.CrossEntropy}
 
 
 # --- backward -----------------------------------------------------------------------------------
@@ -499,6 +517,27 @@ def _layer_norm_backward(plan: Any, node: Any, position: int) -> Lowered:
     return run, "Numba kernel into the gradient buffers"
 
 
+def _rms_norm_backward(plan: Any, node: Any, position: int) -> Lowered:
+    from autograd.kernels import layernorm
+
+    vals, g, (x, w), rstd = plan.vals, plan.grads[node.out.id], node.inputs, node.stats
+    c = g.shape[-1]
+    rows = g.size // c
+    gw_part, gw64 = np.zeros((min(layernorm.GRAD_CHUNKS, rows), c)), np.empty(c)
+    gx, post_x = _contribution_or_scratch(plan, x, (rows, c), position)
+    gw, post_w = _contribution_or_scratch(plan, w, (c,), position)
+    g2, post = g.reshape(rows, c), _then(post_x, post_w)
+
+    def run() -> None:
+        gw_part.fill(0)
+        xv = vals[x.id].reshape(rows, c)
+        layernorm._rms_norm_backward_chunks(g.size, g2, xv, vals[w.id], rstd, gx, gw_part)
+        np.copyto(gw, np.sum(gw_part, axis=0, out=gw64), casting="same_kind")
+        post()
+
+    return run, "Numba kernel into the gradient buffers"
+
+
 def _contribution_or_scratch(plan: Any, v: Any, shape: tuple, position: int) -> tuple:
     """plan.contribution(v) if v requires grad, else a scratch buffer released after `position`
     (no gradient buffer, and no .grad, for a frozen parameter)."""
@@ -589,6 +628,7 @@ _BACKWARD = {
     ops.Add: _add_backward,
     F.Embedding: _embedding_backward,
     F.LayerNorm: _layer_norm_backward,
+    F.RMSNorm: _rms_norm_backward,
     F.Gelu: _gelu_backward,
 }
 

@@ -79,6 +79,8 @@ KERNELS: dict[str, Kernel] = {
     "silu_backward": Kernel("silu", "silu", examples.silu_backward),
     "layer_norm_forward": Kernel("layernorm", "layer_norm", examples.layer_norm_forward),
     "layer_norm_backward": Kernel("layernorm", "layer_norm", examples.layer_norm_backward),
+    "rms_norm_forward": Kernel("layernorm", "rms_norm", examples.rms_norm_forward),
+    "rms_norm_backward": Kernel("layernorm", "rms_norm", examples.rms_norm_backward),
     "embedding_backward": Kernel("embedding", "embedding", examples.embedding_backward),
     "attention_forward": Kernel("attention", "attention", examples.attention_forward),
     "attention_backward": Kernel("attention", "attention", examples.attention_backward),
@@ -202,6 +204,16 @@ def layer_norm_forward(x, weight, bias, eps):
 def layer_norm_backward(gy, x, weight, mean, rstd):
     """(gx, gweight, gbias) of LayerNorm (layernorm.layer_norm_backward_numpy)."""
     return get_kernel("layer_norm_backward")(gy, x, weight, mean, rstd)
+
+
+def rms_norm_forward(x, weight, eps):
+    """(y, rstd) of RMSNorm over the last axis (layernorm.rms_norm_forward_numpy)."""
+    return get_kernel("rms_norm_forward")(x, weight, eps)
+
+
+def rms_norm_backward(gy, x, weight, rstd):
+    """(gx, gweight) of RMSNorm (layernorm.rms_norm_backward_numpy)."""
+    return get_kernel("rms_norm_backward")(gy, x, weight, rstd)
 
 
 def embedding_backward(idx, gy, num_embeddings):

@@ -83,6 +83,19 @@ def layer_norm_backward(rng, dtype, rows, width):
     return _rows(rng, dtype, rows, width, with_inf=False), x, w, mean, rstd
 
 
+def rms_norm_forward(rng, dtype, rows, width):
+    x = _rows(rng, dtype, rows, width, with_inf=False)
+    return x, rng.standard_normal(width).astype(dtype), 1e-5
+
+
+def rms_norm_backward(rng, dtype, rows, width):
+    from autograd.kernels import layernorm
+
+    x, w, eps = rms_norm_forward(rng, dtype, rows, width)
+    _, rstd = layernorm.rms_norm_forward_numpy(x, w, eps)
+    return _rows(rng, dtype, rows, width, with_inf=False), x, w, rstd
+
+
 def embedding_backward(rng, dtype, rows, width):
     vocab = 7
     return _ids(rng, rows, vocab, ignored=False), _rows(rng, dtype, rows, width, False), vocab
