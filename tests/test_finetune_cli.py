@@ -188,8 +188,12 @@ def test_a_hugging_face_llama_family_directory_fine_tunes_with_its_chat_template
 
 def test_the_fine_tuning_benchmark_worker_runs_both_modes_on_a_tiny_llama():
     for mode, trainable in (("full", 51_360), ("lora", 2 * 8 * (2 * (32 + 32) + 2 * (32 + 16)))):
-        result = bench.worker_glassgrad(str(FIXTURES / "llama"), mode, 2, 8, 1)
-        assert (result["trainable"], len(result["times"])) == (trainable, 1)
+        result = bench.worker_glassgrad(str(FIXTURES / "llama"), mode, 2, 8, 1, 2)
+        assert (result["trainable"], len(result["times"]), len(result["warmup_s"])) == (
+            trainable,
+            1,
+            2,
+        )
         assert np.isfinite(result["loss0"]) and result["step_s"] > 0
 
 
