@@ -20,8 +20,16 @@ from typing import Any
 import numpy as np
 
 from autograd import hooks, kernels
-from autograd.ops import Op, concatenate, exp, scatter_add, swap_last, unsqueeze, where
-from autograd.tensor import Function, Tensor, is_grad_enabled
+from autograd.ops import (
+    Op,
+    concatenate,
+    exp,
+    scatter_add,
+    swap_last,
+    unsqueeze,
+    where,
+)
+from autograd.tensor import Function, Tensor
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -332,36 +340,35 @@ def layer_norm(
 class RMSNorm(Function):
     # y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps);  (no centring, unlike LayerNorm, 8.4)
     # dx = rstd * (u - xhat * mean(u * xhat)), u = g * w, xhat = x * rstd;  dw = sum g * xhat
+    # It keeps x (the graph holds it anyway) and one rstd per row; xhat is recomputed in backward.
     def forward(self, x, weight, eps=1e-5):
         if weight.shape != x.shape[-1:]:
             raise ValueError(f"rms_norm: weight {weight.shape} must have shape {x.shape[-1:]}")
-        rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-        xhat = x * rstd
-        self.save_for_backward(xhat, weight, rstd, eps)
-        return xhat * weight
+        y, rstd = kernels.rms_norm_forward(x, weight, eps)
+        self.save_for_backward(x, weight, rstd, eps)
+        return y
 
     def backward(self, g):
-        xhat, weight, rstd, _ = self.saved
-        return _rms_norm_vjp(g, xhat, weight, rstd, self.needs_input_grad)
+        x, weight, rstd, _ = self.saved
+        gx, gw = kernels.rms_norm_backward(g, x, weight, rstd)
+        need_x, need_w = self.needs_input_grad
+        return (gx if need_x else None), (gw if need_w else None)
 
     def vjp(self, g, output):  # the statistics recomputed as Tensors, then the same rule
         (x, weight), eps = self.inputs, self.saved[-1]
         rstd = 1 / ((x * x).mean(axis=-1, keepdims=True) + eps).sqrt()
-        return _rms_norm_vjp(g, x * rstd, weight, rstd, self.needs_input_grad)
+        xhat, u = x * rstd, g * weight
+        need_x, need_w = self.needs_input_grad
+        gx = rstd * (u - xhat * (u * xhat).mean(axis=-1, keepdims=True)) if need_x else None
+        return gx, (_sum_rows(g * xhat) if need_w else None)
 
     def jvp(self, out, x_dot, w_dot):  # y_dot = xhat_dot w + xhat w_dot,
         # xhat_dot = rstd * (x_dot - xhat * mean(x_dot * xhat))
-        xhat, weight, rstd, _ = self.saved
+        x, weight, rstd, _ = self.saved
+        rstd = rstd[..., None].astype(x.dtype)
+        xhat = x * rstd
         xhat_dot = rstd * (x_dot - xhat * (x_dot * xhat).mean(axis=-1, keepdims=True))
         return xhat_dot * weight + xhat * w_dot
-
-
-def _rms_norm_vjp(g: Any, xhat: Any, weight: Any, rstd: Any, needs: tuple) -> tuple:
-    """RMSNorm's VJP on arrays or Tensors (the formula above); None for what needs no grad."""
-    need_x, need_w = needs
-    u = g * weight
-    gx = rstd * (u - xhat * (u * xhat).mean(axis=-1, keepdims=True)) if need_x else None
-    return gx, (_sum_rows(g * xhat) if need_w else None)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5) -> Tensor:
@@ -439,30 +446,35 @@ def embedding(weight: Tensor, idx: Any) -> Tensor:
 
 class CrossEntropy(Function):
     # L = mean over kept rows of (logsumexp(l) - l[y]);  dl = (softmax(l) - onehot(y)) / n  (10.3)
-    # Forward and gradient come from one fused pass; backward only scales by the incoming g.
-    def forward(self, logits, targets=None, ignore_index=-100, need_grad=True):
+    # The forward computes L only; the backward computes dl (times g) in one fused pass of its
+    # own, so no (N, V) gradient array lives from the forward to the backward beside the logits.
+    def forward(self, logits, targets=None, ignore_index=-100):
         flat_logits = logits.reshape(-1, logits.shape[-1])
-        loss, dlogits = kernels.cross_entropy_forward(
-            flat_logits, targets.reshape(-1), ignore_index, need_grad
+        loss, _ = kernels.cross_entropy_forward(
+            flat_logits, targets.reshape(-1), ignore_index, False
         )
-        self.save_for_backward(dlogits, logits.shape, targets, ignore_index)
+        self.save_for_backward(logits, targets, ignore_index)
         return np.asarray(loss, dtype=logits.dtype)
 
     def backward(self, g):
-        dlogits, shape, _, _ = self.saved
-        return ((dlogits * g).reshape(shape),)
+        return (self._dlogits(g),)
+
+    def _dlogits(self, g: Any) -> np.ndarray:
+        logits, targets, ignore_index = self.saved
+        flat = logits.reshape(-1, logits.shape[-1])
+        _, dlogits = kernels.cross_entropy_forward(flat, targets.reshape(-1), ignore_index, True, g)
+        return dlogits.reshape(logits.shape)
 
     def vjp(self, g, output):  # (softmax(l) - onehot(y)) / n, with softmax(l) a Tensor
-        (logits,), (_, shape, targets, ignore_index) = self.inputs, self.saved
+        (logits,), (_, targets, ignore_index) = self.inputs, self.saved
         kept = targets != ignore_index
-        onehot = np.zeros(shape, dtype=logits.dtype)
+        onehot = np.zeros(logits.shape, dtype=logits.dtype)
         np.put_along_axis(onehot, np.where(kept, targets, 0)[..., None], 1, axis=-1)
         row_weight = (kept / max(int(kept.sum()), 1)).astype(logits.dtype)[..., None]
         return ((softmax(logits) - onehot) * row_weight * g,)
 
     def jvp(self, out, l_dot):  # L_dot = sum(dL/dl * l_dot), dL/dl = (softmax(l) - onehot(y)) / n
-        dlogits, shape, _, _ = self.saved  # (cross_entropy asks for it when l carries a tangent)
-        return np.sum(dlogits.reshape(shape) * l_dot)
+        return np.sum(self._dlogits(1.0) * l_dot)
 
 
 def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Tensor:
@@ -487,12 +499,7 @@ def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100) -> Ten
             f"not ignore_index={ignore_index} (logits {logits.shape}, targets {targets.shape}): "
             f"targets must lie in [0, {vocab}) or be ignore_index"
         )
-    level = hooks.DUAL_LEVEL  # forward mode's rule needs dL/dl too
-    carries_tangent = level is not None and level.tangent(logits) is not None
-    need_grad = (logits.requires_grad and is_grad_enabled()) or carries_tangent
-    return CrossEntropy.apply(
-        logits, targets=targets, ignore_index=ignore_index, need_grad=need_grad
-    )
+    return CrossEntropy.apply(logits, targets=targets, ignore_index=ignore_index)
 
 
 # --- activations and dropout (notes 8.2) ------------------------------------------------------
@@ -572,11 +579,31 @@ def relu(x: Tensor) -> Tensor:
     return _tensor(x).relu()
 
 
+class SiLU(Function):
+    # y = x s, s = sigmoid(x);  dx = g s (1 + x (1 - s))   (product rule, with s' = s (1 - s))
+    # One op, not x * sigmoid(x): it keeps x alone for the backward and recomputes s there, where
+    # the two ops would keep s and x * s too (two more (B, T, FFN) arrays per layer until backward).
+    def forward(self, x):
+        self.save_for_backward(x)
+        return kernels.silu_forward(x)
+
+    def backward(self, g):
+        (x,) = self.saved
+        return (kernels.silu_backward(g, x),)
+
+    def vjp(self, g, output):  # the same rule on Tensors (s from Tensor ops)
+        (x,) = self.inputs
+        s = x.sigmoid()
+        return (g * s * (1 + x * (1 - s)),)
+
+    def jvp(self, out, x_dot):  # y_dot = s (1 + x (1 - s)) x_dot: the backward's rule on x_dot
+        (x,) = self.saved
+        return kernels.silu_backward(x_dot, x)
+
+
 def silu(x: Tensor) -> Tensor:
-    """x * sigmoid(x) (SiLU, the gate of Llama's SwiGLU MLP, notes 8.2); composed of Mul and
-    Sigmoid, so its gradient is theirs: sigmoid(x) * (1 + x * (1 - sigmoid(x)))."""
-    x = _tensor(x)
-    return x * x.sigmoid()
+    """x * sigmoid(x) (SiLU, the gate of Llama's SwiGLU MLP, notes 8.2)."""
+    return SiLU.apply(_tensor(x))
 
 
 class Dropout(Op):

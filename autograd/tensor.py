@@ -578,6 +578,8 @@ def run_backward(
     found: dict[int, Any] = {}
     adopted: set[int] = set()  # arrays that became some tensor's .grad during this pass
     for step, tensor in enumerate(order):
+        if not retain_graph:
+            order[step] = None  # its consumers came first: now nothing here holds its array
         grad = pending.pop(id(tensor), None)
         if grad is None:
             continue

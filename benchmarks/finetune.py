@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({**result, "peak_rss_mb": _peak_rss_mb()}))
         return 0
     modes = [m for m in args.modes.split(",") if m]
+    from benchmarks import system  # here: the torch worker's script side has no glassgrad
+
+    peak = system.sgemm_peak(n=2048, reps=10)["gflops"]  # this run's ceiling, for the ratios
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(args.dir) if args.dir else Path(tmp) / "smollm2-135m-random"
         if not (directory / "config.json").is_file():
@@ -210,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"SmolLM2-135M shape, random weights, float32, batch {args.batch} x {args.seq} tokens, "
         f"AdamW, {args.threads} threads, medians of {args.rounds} fresh processes each "
-        f"({args.steps} timed steps after a warm-up in each)\n"
+        f"({args.steps} timed steps after a warm-up in each); sgemm peak of this run "
+        f"{peak:.1f} GFLOP/s\n"
     )
     print(
         "| mode | trainable / total | glassgrad step (s) | torch step (s) | glassgrad / torch "

@@ -91,6 +91,11 @@ register(
     "sigmoid",
     elementwise(lambda a: a.sigmoid(), lambda a: np.exp(-np.logaddexp(0, -a)), one(large=True)),
 )
+register(
+    "silu",
+    elementwise(F.silu, lambda a: a * np.exp(-np.logaddexp(0, -a)), one(large=True, zeros=True)),
+    both_backends=True,
+)
 register("scalar_radd", elementwise(lambda a: 2.5 + a, lambda a: 2.5 + a, one()))
 register("scalar_rsub", elementwise(lambda a: 2.5 - a, lambda a: 2.5 - a, one()))
 register("scalar_rmul", elementwise(lambda a: 2.5 * a, lambda a: 2.5 * a, one(zeros=True)))
@@ -348,7 +353,11 @@ register(
     norm_inputs().map(lambda c: Example(F.layer_norm, np_layer_norm, list(c), forward_rtol=1e-9)),
     both_backends=True,
 )
-register("rms_norm", norm_inputs().map(lambda c: Example(F.rms_norm, np_rms_norm, list(c[:2]))))
+register(
+    "rms_norm",
+    norm_inputs().map(lambda c: Example(F.rms_norm, np_rms_norm, list(c[:2]))),
+    both_backends=True,
+)
 
 
 @st.composite

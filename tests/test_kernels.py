@@ -118,20 +118,22 @@ def cross_entropy_inputs(draw):
     return logits, targets, scale
 
 
-@given(cross_entropy_inputs(), st.booleans())
+@given(cross_entropy_inputs(), st.booleans(), st.sampled_from([1.0, 0.25, -3.0]))
 @settings(deadline=None)
-def test_cross_entropy_matches_reference(inputs, need_grad):
+def test_cross_entropy_matches_reference(inputs, need_grad, grad_scale):
+    # grad_scale: the backward's incoming dL/dloss, folded into the one pass
     logits, targets, scale = inputs
     dt = logits.dtype.type
-    loss_ref, d_ref = softmax.cross_entropy_forward_numpy(logits, targets, -100, need_grad)
-    loss, d = softmax.cross_entropy_forward_numba(logits, targets, -100, need_grad)
+    args = (logits, targets, -100, need_grad, grad_scale)
+    loss_ref, d_ref = softmax.cross_entropy_forward_numpy(*args)
+    loss, d = softmax.cross_entropy_forward_numba(*args)
     assert isinstance(loss, float)
     tol = 1e-10 if dt == np.float64 else 1e-5
     assert loss == pytest.approx(loss_ref, rel=tol, abs=tol * scale)
     if not need_grad:
         assert d is None and d_ref is None
         return
-    assert_close(d, d_ref, dt, 1.0 / len(targets))
+    assert_close(d, d_ref, dt, abs(grad_scale) / len(targets))
     assert not d[targets == -100].any()
     if (targets == -100).all():
         assert loss == 0.0

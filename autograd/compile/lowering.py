@@ -48,16 +48,21 @@ def saved_for_backward(plan: Any, node: Any) -> list[Any]:
     its formula needs (an add reads nothing, a linear its input), so the others can die early;
     an op that replays its own VJP may read any input or its output (fn.saved)."""
     fn = node.fn
-    if _basic_view(node) or isinstance(fn, (ops.Add, F.Embedding)):
-        return []
+    if _basic_view(node) or isinstance(fn, (ops.Add, F.Embedding, F.Rotary, ops.BroadcastTo)):
+        return []  # (Rotary keeps its angle tables, BroadcastTo the input's shape)
     if isinstance(fn, ops.Reshape) and node.view_of is None:  # a copying reshape
         return []
-    if isinstance(fn, (F.Linear, F.LayerNorm, F.Gelu)) and (
-        type(fn) not in _NEEDS_NUMBA or _numba()
-    ):
+    if isinstance(fn, (F.Linear, ops.Mul)):  # dx = g W^T, dW = x^T g; da = g b, db = g a
+        a, b = node.inputs[:2]  # each factor only if the other one gets a gradient
+        return [v for v, other in ((a, b), (b, a)) if other.requires_grad]
+    if isinstance(fn, (F.SiLU, F.RMSNorm)):  # x (and leaves); s, xhat are recomputed from x
+        return list(node.inputs)
+    if isinstance(fn, ops.Sigmoid):  # its own copy of the output, not the output's buffer
+        return []
+    if isinstance(fn, (F.LayerNorm, F.Gelu)) and (type(fn) not in _NEEDS_NUMBA or _numba()):
         return list(node.inputs)
     if isinstance(fn, F.Attention) and _numba() and _fused_attention(plan, node):
-        return list(node.inputs)  # q, k, v (and the kept P), not the output
+        return list(node.inputs)  # q, k, v (P is recomputed from q and k), not the output
     return [*node.inputs, node.out]
 
 
@@ -114,7 +119,7 @@ def forward(plan: Any, node: Any, position: int) -> Lowered:
         return None, None
     out = plan.buffer(node.out, position)
     plan.vals[node.out.id] = out
-    return lower(plan, node, out)
+    return lower(plan, node, out, position)
 
 
 def _view_forward(plan: Any, node: Any) -> Lowered:
@@ -124,7 +129,7 @@ def _view_forward(plan: Any, node: Any) -> Lowered:
     return (lambda: None), "view of its input's buffer (made once)"
 
 
-def _linear_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+def _linear_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
     vals, matmul = plan.vals, plan.matmul
     ids = [v.id for v in node.inputs]
     out2 = out.reshape(-1, out.shape[-1])
@@ -138,25 +143,25 @@ def _linear_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     return run, "np.matmul(out=)" + (" + bias in place" if len(ids) == 3 else "")
 
 
-def _reshape_copy_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+def _reshape_copy_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
     # A reshape that numpy had to copy (its input was a transposed view): the same C-order copy
     vals, x = plan.vals, node.inputs[0]
     target = out.reshape(x.shape)
     return (lambda: np.copyto(target, vals[x.id])), "copy into out (a reshape of a strided view)"
 
 
-def _add_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+def _add_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
     vals, (a, b) = plan.vals, (v.id for v in node.inputs)
     return (lambda: np.add(vals[a], vals[b], out=out)), "np.add(out=)"
 
 
-def _embedding_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+def _embedding_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
     vals, w = plan.vals, node.inputs[0].id
     idx = plan.param(node, "idx")
     return (lambda: np.take(vals[w], idx, axis=0, out=out)), "np.take(out=)"
 
 
-def _layer_norm_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+def _layer_norm_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
     from autograd.kernels import layernorm
 
     vals, (x, w, b) = plan.vals, (v.id for v in node.inputs)
@@ -175,7 +180,24 @@ def _layer_norm_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
     return run, "Numba kernel into out, mean/rstd kept"
 
 
-def _gelu_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
+def _rms_norm_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
+    from autograd.kernels import layernorm
+
+    vals, (x, w) = plan.vals, (v.id for v in node.inputs)
+    eps = float(node.params.get("eps", 1e-5))
+    c = out.shape[-1]
+    rows = out.size // c
+    rstd = np.empty(rows, np.float64)
+    node.stats = rstd  # read by the backward
+    out2 = out.reshape(rows, c)
+
+    def run() -> None:
+        layernorm._rms_norm_rows(out.size, vals[x].reshape(rows, c), vals[w], eps, out2, rstd)
+
+    return run, "Numba kernel into out, rstd kept"
+
+
+def _gelu_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
     from autograd.kernels import gelu
 
     # y only: the backward recomputes tanh(u) from x (no (B, T, 4C) array of t written here or
@@ -208,35 +230,69 @@ def _row_blocks(T: int, causal: bool) -> list[tuple[int, int]]:
     return [(r0, min(r0 + CAUSAL_BLOCK, T)) for r0 in range(0, T, CAUSAL_BLOCK)]
 
 
-def _attention_forward(plan: Any, node: Any, out: np.ndarray) -> Lowered:
-    # Fusion (not eager's blocked kernel): S = q k^T for the allowed key blocks, P = softmax(S
-    # scale) in place (causal: the future set to 0) kept for the backward, o = P v. Batched
-    # np.matmul over the heads on the strided q/k/v views of the qkv projection: no copies.
+def _silu_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
+    from autograd.kernels import silu
+
+    vals, x, flat_out = plan.vals, node.inputs[0].id, out.reshape(-1)
+    return (
+        lambda: silu._silu_values(out.size, vals[x].reshape(-1), flat_out)
+    ), "Numba kernel into out"
+
+
+def _attention_probs(plan: Any, node: Any, probs: np.ndarray) -> Callable[[], None]:
+    """A step writing P = softmax(q k^T scale) into probs, over the allowed key blocks (causal:
+    the future set to 0). The forward and the backward both run it: P is not kept in between (a
+    (B, H, T, T) array per layer, more than q, k and v), as in FlashAttention."""
     from autograd.kernels import attention
 
-    vals, (q, k, v), matmul = plan.vals, (x.id for x in node.inputs), plan.matmul
+    vals, (q, k), matmul = plan.vals, (x.id for x in node.inputs[:2]), plan.matmul
     causal = bool(node.params.get("causal", True))
-    B, H, T, D = out.shape
-    probs = plan.arena.take((B, H, T, T), out.dtype)
-    plan._release_after(probs, plan.kept_until(node))
-    lse = np.empty((B * H, T), out.dtype)
-    heads = probs.reshape(B * H, T, T)
-    scale = attention._scale(out)
-    node.stats = (probs, scale)
-    blocks = _row_blocks(T, causal)
+    B, H, T, _ = probs.shape
+    heads, lse = probs.reshape(B * H, T, T), np.empty((B * H, T), probs.dtype)
+    scale, blocks = attention._scale(vals[q]), _row_blocks(T, causal)
 
     def run() -> None:
-        qv, kv, vv = vals[q], vals[k], vals[v]
+        qv, kv = vals[q], vals[k]
         for r0, r1 in blocks:
             matmul(qv[..., r0:r1, :], kv[..., :r1, :].swapaxes(-1, -2), probs[..., r0:r1, :r1])
         attention._probs_forward(probs.size, heads, scale, causal, 0, lse, 0)
+
+    return run
+
+
+def _attention_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
+    # Fusion (not eager's blocked kernel): P = softmax(q k^T scale) (_attention_probs), o = P v.
+    # Batched np.matmul over the heads on the strided q/k/v views of the projections: no copies.
+    vals, v, matmul = plan.vals, node.inputs[2].id, plan.matmul
+    B, H, T, _ = out.shape
+    probs = plan.scratch((B, H, T, T), out.dtype, position)  # for this forward only
+    probabilities = _attention_probs(plan, node, probs)
+    blocks = _row_blocks(T, bool(node.params.get("causal", True)))
+
+    def run() -> None:
+        probabilities()
+        vv = vals[v]
         for r0, r1 in blocks:
             matmul(probs[..., r0:r1, :r1], vv[..., :r1, :], out[..., r0:r1, :])
 
     return run, (
-        f"fused: q k^T, softmax in place (kept), P v in {len(blocks)} causal row block(s); "
+        f"fused: q k^T, softmax in place, P v in {len(blocks)} causal row block(s); "
         "no copies of q, k, v"
     )
+
+
+def _cross_entropy_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lowered:
+    # the loss only; its gradient is made by the backward, straight into the logits' gradient
+    vals, logits = plan.vals, node.inputs[0].id
+    targets = plan.param(node, "targets").reshape(-1)
+    ignore_index = node.params.get("ignore_index", -100)
+
+    def run() -> None:
+        z = vals[logits]
+        rows = z.reshape(-1, z.shape[-1])
+        out[...] = kernels.cross_entropy_forward(rows, targets, ignore_index, False)[0]
+
+    return run, "Numba pass, the loss only"
 
 
 _ACCEPTS = {
@@ -246,14 +302,17 @@ _ACCEPTS = {
 
 _FORWARD = {
     F.Attention: _attention_forward,
+    F.SiLU: _silu_forward,
+    F.CrossEntropy: _cross_entropy_forward,
     ops.Reshape: _reshape_copy_forward,
     F.Linear: _linear_forward,
     ops.Add: _add_forward,
     F.Embedding: _embedding_forward,
     F.LayerNorm: _layer_norm_forward,
+    F.RMSNorm: _rms_norm_forward,
     F.Gelu: _gelu_forward,
 }
-_NEEDS_NUMBA = {F.LayerNorm, F.Gelu, F.Attention}
+_NEEDS_NUMBA = {F.LayerNorm, F.RMSNorm, F.Gelu, F.SiLU, F.Attention, F.CrossEntropy}
 
 
 # --- backward -----------------------------------------------------------------------------------
@@ -378,6 +437,53 @@ def _embedding_backward(plan: Any, node: Any, position: int) -> Lowered:
     return (lambda: target(kernels.embedding_backward(idx, g, w.shape[0]))), "kernel, then added"
 
 
+def _silu_backward(plan: Any, node: Any, position: int) -> Lowered:
+    # dx = g s (1 + x (1 - s)), s recomputed from x in the same pass
+    from autograd.kernels import silu
+
+    x = node.inputs[0]
+    if not x.requires_grad:
+        return (lambda: None), "no gradient needed"
+    vals, g = plan.vals, plan.grads[node.out.id].reshape(-1)
+    gx, post = plan.contribution(x, x.shape, position)
+    flat_gx = gx.reshape(-1)
+
+    def run() -> None:
+        silu._silu_grads(g.size, g, vals[x.id].reshape(-1), flat_gx)
+        if post is not None:
+            post()
+
+    return run, "one Numba pass: sigmoid recomputed from x, into the gradient buffer"
+
+
+def _cross_entropy_backward(plan: Any, node: Any, position: int) -> Lowered:
+    # dl = (softmax(l) - onehot(y)) g / n, written by the kernel into the logits' gradient buffer
+    from autograd.kernels import softmax
+
+    logits = node.inputs[0]
+    if not logits.requires_grad:
+        return (lambda: None), "no gradient needed"
+    vals, g = plan.vals, plan.grads[node.out.id]
+    targets = plan.param(node, "targets").reshape(-1)
+    ignore_index = node.params.get("ignore_index", -100)
+    gl, post = plan.contribution(logits, logits.shape, position)
+    gl_rows = gl.reshape(-1, gl.shape[-1])
+    row_loss = np.empty(gl_rows.shape[0], np.float64)
+
+    def run() -> None:
+        z = vals[logits.id]
+        kept = max(int(np.count_nonzero(targets != ignore_index)), 1)
+        scale = float(g) / kept  # as kernels.cross_entropy_forward(..., grad_scale=g)
+        rows = z.reshape(gl_rows.shape)
+        softmax._cross_entropy_rows(
+            rows.size, rows, targets, ignore_index, scale, True, row_loss, gl_rows
+        )
+        if post is not None:
+            post()
+
+    return run, "Numba pass into the logits' gradient"
+
+
 def _layer_norm_backward(plan: Any, node: Any, position: int) -> Lowered:
     from autograd.kernels import layernorm
 
@@ -411,14 +517,33 @@ def _layer_norm_backward(plan: Any, node: Any, position: int) -> Lowered:
     return run, "Numba kernel into the gradient buffers"
 
 
+def _rms_norm_backward(plan: Any, node: Any, position: int) -> Lowered:
+    from autograd.kernels import layernorm
+
+    vals, g, (x, w), rstd = plan.vals, plan.grads[node.out.id], node.inputs, node.stats
+    c = g.shape[-1]
+    rows = g.size // c
+    gw_part, gw64 = np.zeros((min(layernorm.GRAD_CHUNKS, rows), c)), np.empty(c)
+    gx, post_x = _contribution_or_scratch(plan, x, (rows, c), position)
+    gw, post_w = _contribution_or_scratch(plan, w, (c,), position)
+    g2, post = g.reshape(rows, c), _then(post_x, post_w)
+
+    def run() -> None:
+        gw_part.fill(0)
+        xv = vals[x.id].reshape(rows, c)
+        layernorm._rms_norm_backward_chunks(g.size, g2, xv, vals[w.id], rstd, gx, gw_part)
+        np.copyto(gw, np.sum(gw_part, axis=0, out=gw64), casting="same_kind")
+        post()
+
+    return run, "Numba kernel into the gradient buffers"
+
+
 def _contribution_or_scratch(plan: Any, v: Any, shape: tuple, position: int) -> tuple:
     """plan.contribution(v) if v requires grad, else a scratch buffer released after `position`
     (no gradient buffer, and no .grad, for a frozen parameter)."""
     if v.requires_grad:
         return plan.contribution(v, shape, position)
-    scratch = plan.arena.take(shape, v.dtype)
-    plan.release_at.setdefault(position, []).append(scratch)
-    return scratch, None
+    return plan.scratch(shape, v.dtype, position), None
 
 
 def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
@@ -444,10 +569,11 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
 
     vals, g, matmul = plan.vals, plan.grads[node.out.id], plan.matmul
     q, k, v = node.inputs
-    probs, scale = node.stats
+    scale = attention._scale(g)
     causal = bool(node.params.get("causal", True))
-    dp = plan.arena.take(probs.shape, probs.dtype)
-    plan.release_at.setdefault(position, []).append(dp)
+    B, H, T, _ = g.shape
+    probs, dp = (plan.scratch((B, H, T, T), g.dtype, position) for _ in range(2))
+    probabilities = _attention_probs(plan, node, probs)  # P again, from q and k
     rows = probs.size // probs.shape[-1]
     p2, dp2 = probs.reshape(rows, -1), dp.reshape(rows, -1)
     blocks = _row_blocks(probs.shape[-1], causal)
@@ -480,6 +606,7 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
         steps.append((key, post))
 
     def run() -> None:
+        probabilities()
         vv = vals[v.id]
         for r0, r1 in blocks:
             matmul(g[..., r0:r1, :], vv[..., :r1, :].swapaxes(-1, -2), dp[..., r0:r1, :r1])
@@ -489,16 +616,19 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
             if post is not None:
                 post()
 
-    return run, "fused: from the kept P, four batched products (causal row blocks), one Numba pass"
+    return run, "fused: P recomputed, four batched products (causal row blocks), one Numba pass"
 
 
 _BACKWARD = {
     F.Attention: _attention_backward,
+    F.SiLU: _silu_backward,
+    F.CrossEntropy: _cross_entropy_backward,
     ops.Reshape: _reshape_copy_backward,
     F.Linear: _linear_backward,
     ops.Add: _add_backward,
     F.Embedding: _embedding_backward,
     F.LayerNorm: _layer_norm_backward,
+    F.RMSNorm: _rms_norm_backward,
     F.Gelu: _gelu_backward,
 }
 

@@ -91,7 +91,7 @@ class Plan:
         `shard.seed`; the caller runs the rest (reduction, clipping, the optimizer)."""
         self.fusion = fusion
         self.shard = shard
-        self.values = sorted(rec.values.values(), key=lambda v: v.id)
+        self.values = rec.recorded  # (by id)
         self.vals: list[Any] = [None] * len(self.values)
         self.grads: list[Any] = [None] * len(self.values)
         self.arena = Arena()
@@ -234,16 +234,6 @@ class Plan:
         last = self.last_use_r if self.recomputing else self.last_use
         self._release_after(buf, last.get(v.id, position))
         return buf
-
-    def kept_until(self, node: Node) -> int:
-        """The last position that reads what node's forward keeps for its own backward (the
-        fused attention's P): that backward, except in the first forward of a checkpointed
-        segment (its backward reads what the recomputation keeps)."""
-        if id(node) in self.segment_of:
-            if not self.recomputing:
-                return self.pos_f[id(node)]
-            return self.pos_b.get(id(node), self.pos_r[id(node)])
-        return self.pos_b.get(id(node), self.pos_f[id(node)])
 
     def _release_after(self, buf: np.ndarray, position: float) -> None:
         if position != FOREVER:
@@ -491,9 +481,14 @@ class Plan:
         buf = self.grad_buffer(v, position).reshape(shape)
         if first:
             return buf, None
-        scratch = self.arena.take(shape, v.dtype)
-        self.release_at.setdefault(position, []).append(scratch)
+        scratch = self.scratch(shape, v.dtype, position)
         return scratch, lambda: np.add(buf, scratch, out=buf)
+
+    def scratch(self, shape: tuple, dtype: Any, position: int) -> np.ndarray:
+        """An arena buffer that only the step at `position` uses (released at its end)."""
+        buf = self.arena.take(shape, dtype)
+        self.release_at.setdefault(position, []).append(buf)
+        return buf
 
     def _set_leaf_grads(self) -> Callable[[], None]:
         pairs = [(v.tensor, self.grads[v.id]) for v in self.leaves if v.id in self.has_grad]

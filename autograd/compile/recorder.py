@@ -9,6 +9,7 @@ a TraceError that says why.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -25,19 +26,32 @@ class TraceError(RuntimeError):
 
 class Value:
     """One tensor of the trace. kind: "input" (argument `index`), "leaf" (a parameter or constant
-    tensor, read from `tensor` at each replay) or "op" (the output of node `node`)."""
+    tensor, read from `tensor` at each replay) or "op" (the output of node `node`).
 
-    __slots__ = ("id", "tensor", "kind", "index", "node", "shape", "dtype", "requires_grad")
+    An op's output is held weakly: the traced call frees it when eager would (its consumers'
+    backwards done), so tracing needs no more memory than the eager step; `tensor` is then None.
+    """
+
+    __slots__ = ("id", "_tensor", "kind", "index", "node", "shape", "dtype", "requires_grad")
 
     def __init__(self, vid: int, tensor: Tensor, kind: str, index: int = -1) -> None:
         self.id = vid
-        self.tensor = tensor
+        self._tensor: Any = weakref.ref(tensor) if kind == "op" else tensor
         self.kind = kind
         self.index = index
         self.node: Node | None = None
         self.shape = tensor.shape
         self.dtype = tensor.dtype
         self.requires_grad = tensor.requires_grad
+
+    @property
+    def tensor(self) -> Tensor | None:
+        held = self._tensor
+        return held() if isinstance(held, weakref.ref) else held
+
+    @tensor.setter
+    def tensor(self, tensor: Tensor | None) -> None:
+        self._tensor = tensor
 
 
 class Node:
@@ -88,7 +102,8 @@ class Recorder:
 
     def __init__(self, args: tuple) -> None:
         self.args = args
-        self.values: dict[int, Value] = {}  # id(tensor) -> Value (the tensors are kept alive)
+        self.values: dict[int, Value] = {}  # id(tensor) -> Value, while that tensor lives
+        self.recorded: list[Value] = []  # every Value, by id
         self.nodes: list[Node] = []
         self.program: list[tuple] = []  # ("op", node) | ("backward", ...) | ("call", ...) | ...
         self.used_args: set[int] = set()
@@ -112,7 +127,7 @@ class Recorder:
         arg = next((i for i, a in enumerate(self.args) if a is t._data), None)
         if arg is not None:
             self.used_args.add(arg)
-            v = Value(len(self.values), t, "input", arg)
+            v = Value(len(self.recorded), t, "input", arg)
         else:
             self._refuse_view_of_argument(t._data, "a tensor")
             if t.requires_grad and t.grad is not None:
@@ -121,9 +136,21 @@ class Recorder:
                     "uses it, so the step would add to the previous step's gradient; call "
                     "optimizer.zero_grad() inside the step"
                 )
-            v = Value(len(self.values), t, "leaf")
+            v = Value(len(self.recorded), t, "leaf")
         self.values[id(t)] = v
+        self.recorded.append(v)
         return v
+
+    def _map_until_freed(self, out: Tensor, v: Value) -> None:
+        """values[id(out)] = v while out lives: a freed tensor's id may be reused by a new one."""
+        values, key = self.values, id(out)
+        values[key] = v
+
+        def forget(_: Any) -> None:
+            if values.get(key) is v:
+                del values[key]
+
+        v._tensor = weakref.ref(out, forget)
 
     def _refuse_view_of_argument(self, array: Any, what: str) -> None:
         if not isinstance(array, np.ndarray):
@@ -156,10 +183,11 @@ class Recorder:
                 self.used_args.add(arg)
             else:
                 self._refuse_view_of_argument(p, f"parameter {key!r} of {fn.name}")
-        v = Value(len(self.values), out, "op")
+        v = Value(len(self.recorded), out, "op")
         v.node = node
         node.out = v
-        self.values[id(out)] = v
+        self.recorded.append(v)
+        self._map_until_freed(out, v)
         if isinstance(out._data, np.ndarray) and out._data.base is not None:
             storage = _storage(out._data)
             node.view_of = next(

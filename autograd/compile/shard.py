@@ -73,7 +73,7 @@ def batch_axes(rec: Recorder, n: int) -> dict[int, int | None]:
                            f"batch divisible by {n}")  # fmt: skip
     args = {id(a) for a in arrays}
     axes: dict[int, int | None] = {}
-    for v in rec.values.values():
+    for v in rec.recorded:
         if v.kind == "input":
             axes[v.id] = 0
         elif v.kind == "leaf":
@@ -170,7 +170,7 @@ def _reshape_axis(shape: tuple, axis: int, new: tuple, n: int) -> int:
 
 class ShardTrace:
     """A Recorder's forward and backward with every batched shape cut to one shard's rows (what
-    Plan reads: args, used_args, values, nodes, program). Nodes get their own Function copy."""
+    Plan reads: args, used_args, recorded, nodes, program). Nodes get their own Function copy."""
 
     def __init__(self, rec: Recorder, axes: dict[int, int | None], n: int) -> None:
         self.args = tuple(
@@ -181,15 +181,15 @@ class ShardTrace:
         self.used_args = set(rec.used_args)
         self.segments: list = []  # (a step with checkpointed segments is not sharded)
         clones: dict[int, Value] = {}
-        self.values: dict[int, Value] = {}
-        for key, v in rec.values.items():
+        for v in rec.recorded:
             c = Value.__new__(Value)
             c.id, c.kind, c.index, c.node = v.id, v.kind, v.index, None
             c.tensor = v.tensor if v.kind == "leaf" else None
             c.dtype, c.requires_grad = v.dtype, v.requires_grad
             axis = axes.get(v.id)
             c.shape = tuple(d // n if i == axis else d for i, d in enumerate(v.shape))
-            clones[v.id] = self.values[key] = c
+            clones[v.id] = c
+        self.recorded = list(clones.values())
         nodes: dict[int, Node] = {}
         self.nodes = []
         for node in rec.nodes:
@@ -225,11 +225,9 @@ class _Leaves:
     """The leaves' slots, as lowering.flat_optimizer reads and writes them on a Plan."""
 
     def __init__(self, rec: Recorder) -> None:
-        self.leaves = sorted(
-            (v for v in rec.values.values() if v.kind == "leaf"), key=lambda v: v.id
-        )
-        self.vals: list[Any] = [None] * len(rec.values)
-        self.grads: list[Any] = [None] * len(rec.values)
+        self.leaves = sorted((v for v in rec.recorded if v.kind == "leaf"), key=lambda v: v.id)
+        self.vals: list[Any] = [None] * len(rec.recorded)
+        self.grads: list[Any] = [None] * len(rec.recorded)
 
 
 # --- the sharded plan ----------------------------------------------------------------------------
@@ -286,7 +284,7 @@ class ShardedPlan:
         if any(e[0] not in ("op", "backward") for e in rec.program[first_op:backward_at]):
             raise NotShardable("a call between the step's ops")
         pre, post = rec.program[:first_op], rec.program[backward_at + 1 :]
-        for v in rec.values.values():  # the traced call's arrays: free them before the buffers
+        for v in rec.recorded:  # the traced call's arrays: free them before the buffers
             if v.kind != "leaf":
                 v.tensor = None
         # The optimizer's flat buffers first (parameters move there), then one plan per shard.

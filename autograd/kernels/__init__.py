@@ -75,8 +75,12 @@ KERNELS: dict[str, Kernel] = {
     "cross_entropy_forward": Kernel("softmax", "cross_entropy", examples.cross_entropy_forward),
     "gelu_forward": Kernel("gelu", "gelu", examples.gelu_forward),
     "gelu_backward": Kernel("gelu", "gelu", examples.gelu_backward),
+    "silu_forward": Kernel("silu", "silu", examples.silu_forward),
+    "silu_backward": Kernel("silu", "silu", examples.silu_backward),
     "layer_norm_forward": Kernel("layernorm", "layer_norm", examples.layer_norm_forward),
     "layer_norm_backward": Kernel("layernorm", "layer_norm", examples.layer_norm_backward),
+    "rms_norm_forward": Kernel("layernorm", "rms_norm", examples.rms_norm_forward),
+    "rms_norm_backward": Kernel("layernorm", "rms_norm", examples.rms_norm_backward),
     "embedding_backward": Kernel("embedding", "embedding", examples.embedding_backward),
     "attention_forward": Kernel("attention", "attention", examples.attention_forward),
     "attention_backward": Kernel("attention", "attention", examples.attention_backward),
@@ -165,9 +169,11 @@ def logsumexp_forward(x):
     return get_kernel("logsumexp_forward")(x)
 
 
-def cross_entropy_forward(logits, targets, ignore_index=-100, need_grad=True):
-    """(loss, dlogits) of mean NLL of log_softmax (softmax.cross_entropy_forward_numpy)."""
-    return get_kernel("cross_entropy_forward")(logits, targets, ignore_index, need_grad)
+def cross_entropy_forward(logits, targets, ignore_index=-100, need_grad=True, grad_scale=1.0):
+    """(loss, dlogits * grad_scale) of the mean NLL of log_softmax
+    (softmax.cross_entropy_forward_numpy)."""
+    kernel = get_kernel("cross_entropy_forward")
+    return kernel(logits, targets, ignore_index, need_grad, grad_scale)
 
 
 def gelu_forward(x):
@@ -180,6 +186,16 @@ def gelu_backward(gy, x, t):
     return get_kernel("gelu_backward")(gy, x, t)
 
 
+def silu_forward(x):
+    """y = x sigmoid(x) (silu.silu_forward_numpy)."""
+    return get_kernel("silu_forward")(x)
+
+
+def silu_backward(gy, x):
+    """gx of SiLU, sigmoid recomputed from x (silu.silu_backward_numpy)."""
+    return get_kernel("silu_backward")(gy, x)
+
+
 def layer_norm_forward(x, weight, bias, eps):
     """(y, mean, rstd) of LayerNorm over the last axis (layernorm.layer_norm_forward_numpy)."""
     return get_kernel("layer_norm_forward")(x, weight, bias, eps)
@@ -188,6 +204,16 @@ def layer_norm_forward(x, weight, bias, eps):
 def layer_norm_backward(gy, x, weight, mean, rstd):
     """(gx, gweight, gbias) of LayerNorm (layernorm.layer_norm_backward_numpy)."""
     return get_kernel("layer_norm_backward")(gy, x, weight, mean, rstd)
+
+
+def rms_norm_forward(x, weight, eps):
+    """(y, rstd) of RMSNorm over the last axis (layernorm.rms_norm_forward_numpy)."""
+    return get_kernel("rms_norm_forward")(x, weight, eps)
+
+
+def rms_norm_backward(gy, x, weight, rstd):
+    """(gx, gweight) of RMSNorm (layernorm.rms_norm_backward_numpy)."""
+    return get_kernel("rms_norm_backward")(gy, x, weight, rstd)
 
 
 def embedding_backward(idx, gy, num_embeddings):

@@ -59,6 +59,16 @@ def gelu_backward(rng, dtype, rows, width):
     return _rows(rng, dtype, rows, width, with_inf=False), x, np.tanh(x)
 
 
+def silu_forward(rng, dtype, rows, width):
+    x = 3 * _rows(rng, dtype, rows, width, with_inf=False)
+    x[0, :3] = [0.0, 40.0, -40.0]  # exact zero, and far on both sides (e^-|x| underflows)
+    return (x,)
+
+
+def silu_backward(rng, dtype, rows, width):
+    return _rows(rng, dtype, rows, width, with_inf=False), *silu_forward(rng, dtype, rows, width)
+
+
 def layer_norm_forward(rng, dtype, rows, width):
     x = _rows(rng, dtype, rows, width, with_inf=False)  # LayerNorm of a row with -inf is NaN
     w, b = (rng.standard_normal(width).astype(dtype) for _ in range(2))
@@ -71,6 +81,19 @@ def layer_norm_backward(rng, dtype, rows, width):
     x, w, b, eps = layer_norm_forward(rng, dtype, rows, width)
     _, mean, rstd = layernorm.layer_norm_forward_numpy(x, w, b, eps)
     return _rows(rng, dtype, rows, width, with_inf=False), x, w, mean, rstd
+
+
+def rms_norm_forward(rng, dtype, rows, width):
+    x = _rows(rng, dtype, rows, width, with_inf=False)
+    return x, rng.standard_normal(width).astype(dtype), 1e-5
+
+
+def rms_norm_backward(rng, dtype, rows, width):
+    from autograd.kernels import layernorm
+
+    x, w, eps = rms_norm_forward(rng, dtype, rows, width)
+    _, rstd = layernorm.rms_norm_forward_numpy(x, w, eps)
+    return _rows(rng, dtype, rows, width, with_inf=False), x, w, rstd
 
 
 def embedding_backward(rng, dtype, rows, width):

@@ -12,6 +12,10 @@ Both paths compute the statistics in float64, also for float32 input, and return
 `rstd` as float64 arrays shaped x.shape[:-1]: the backward rebuilds xhat from them, and a float32
 mean of a row near 1e4 would be off by about 1e-3, which is a whole standard deviation when the
 spread is that small. y, gx, gweight, gbias have the dtype of x.
+
+RMSNorm (Llama's; notes 8.4 without the centring) lives here too, the same way:
+    rstd = 1 / sqrt(sum(x^2) / C + eps),  xhat = x * rstd,  y = xhat * weight,
+its rstd in float64, its backward gx = rstd * (u - xhat * mean(u * xhat)), u = gy * weight.
 """
 
 import numpy as np
@@ -61,6 +65,34 @@ def _check_backward(gy, x, weight, mean, rstd):
     return gy, x, weight, mean, rstd
 
 
+def _check_rms_forward(x, weight):
+    kernel = "rms_norm_forward"
+    x = float_array(x, kernel, "x")
+    weight = float_array(weight, kernel, "weight", dtype=x.dtype)
+    last_axis(x, kernel)
+    if x.shape[-1] == 0 or weight.shape != x.shape[-1:]:
+        raise ValueError(
+            f"{kernel}: weight {weight.shape} must be ({x.shape[-1]},) for x {x.shape}, with at "
+            "least one feature"
+        )
+    return x, weight
+
+
+def _check_rms_backward(gy, x, weight, rstd):
+    kernel = "rms_norm_backward"
+    x = float_array(x, kernel, "x")
+    gy = float_array(gy, kernel, "gy", dtype=x.dtype)
+    weight = float_array(weight, kernel, "weight", dtype=x.dtype)
+    rstd = float_array(rstd, kernel, "rstd", dtype=np.float64)
+    last_axis(x, kernel)
+    if gy.shape != x.shape or weight.shape != x.shape[-1:] or rstd.shape != x.shape[:-1]:
+        raise ValueError(
+            f"{kernel}: expected gy {x.shape}, weight {x.shape[-1:]}, rstd {x.shape[:-1]} for "
+            f"x {x.shape}; got gy {gy.shape}, weight {weight.shape}, rstd {rstd.shape}"
+        )
+    return gy, x, weight, rstd
+
+
 # ---------------------------------------------------------------------------------------------
 # numpy reference
 # ---------------------------------------------------------------------------------------------
@@ -92,6 +124,25 @@ def layer_norm_backward_numpy(gy, x, weight, mean, rstd):
     gweight = np.sum(gy * xhat, axis=lead)
     gbias = np.sum(gy, axis=lead, dtype=np.float64)
     return gx.astype(x.dtype), gweight.astype(x.dtype), gbias.astype(x.dtype)
+
+
+def rms_norm_forward_numpy(x, weight, eps):
+    """(y, rstd): y = x / sqrt(mean(x^2) + eps) * weight over the last axis, rstd in float64."""
+    x, weight = _check_rms_forward(x, weight)
+    rstd = 1.0 / np.sqrt(np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True) + eps)
+    return (x * rstd * weight).astype(x.dtype), rstd[..., 0]
+
+
+def rms_norm_backward_numpy(gy, x, weight, rstd):
+    """gx = rstd * (u - xhat * mean(u * xhat)), u = gy * weight, xhat = x * rstd;
+    gweight = sum of gy * xhat over all leading axes."""
+    gy, x, weight, rstd = _check_rms_backward(gy, x, weight, rstd)
+    rstd = rstd[..., None]
+    xhat = x * rstd  # float64
+    u = gy * weight.astype(np.float64)
+    gx = rstd * (u - xhat * np.mean(u * xhat, axis=-1, keepdims=True))
+    gweight = np.sum(gy * xhat, axis=tuple(range(x.ndim - 1)))
+    return gx.astype(x.dtype), gweight.astype(x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,3 +225,58 @@ def layer_norm_backward_numba(gy, x, weight, mean, rstd):
     )
     gweight = gweight_part.sum(axis=0).astype(x.dtype)
     return gx, gweight, gbias_part.sum(axis=0).astype(x.dtype)
+
+
+@Kernel
+def _rms_norm_rows(x, weight, eps, y, rstd):
+    n = x.shape[1]
+    for r in prange(x.shape[0]):
+        row = x[r]
+        squares = 0.0
+        for j in range(n):
+            squares += row[j] * row[j]
+        rs = 1.0 / np.sqrt(squares / n + eps)
+        for j in range(n):
+            y[r, j] = row[j] * rs * weight[j]
+        rstd[r] = rs
+
+
+@Kernel
+def _rms_norm_backward_chunks(gy, x, weight, rstd, gx, gweight_part):
+    rows, n = x.shape
+    chunks = gweight_part.shape[0]
+    for c in prange(chunks):
+        gw = gweight_part[c]
+        for r in range(c * rows // chunks, (c + 1) * rows // chunks):
+            rs = rstd[r]
+            sum_uxhat = 0.0
+            for j in range(n):
+                xhat = x[r, j] * rs
+                sum_uxhat += gy[r, j] * weight[j] * xhat
+                gw[j] += gy[r, j] * xhat
+            mean_uxhat = sum_uxhat / n
+            for j in range(n):
+                gx[r, j] = rs * (gy[r, j] * weight[j] - x[r, j] * rs * mean_uxhat)
+
+
+def rms_norm_forward_numba(x, weight, eps):
+    """Numba RMSNorm forward; same contract as rms_norm_forward_numpy."""
+    x, weight = _check_rms_forward(x, weight)
+    rows = last_axis(x, "rms_norm_forward")
+    y = np.empty_like(x)
+    rstd = np.empty(rows.shape[0], np.float64)
+    _rms_norm_rows(x.size, rows, weight, float(eps), y.reshape(rows.shape), rstd)
+    return y, rstd.reshape(x.shape[:-1])
+
+
+def rms_norm_backward_numba(gy, x, weight, rstd):
+    """Numba RMSNorm backward; same contract as rms_norm_backward_numpy."""
+    gy, x, weight, rstd = _check_rms_backward(gy, x, weight, rstd)
+    rows = last_axis(x, "rms_norm_backward")
+    gx = np.empty_like(x)
+    gweight_part = np.zeros((min(GRAD_CHUNKS, rows.shape[0]), rows.shape[1]), np.float64)
+    _rms_norm_backward_chunks(
+        x.size, gy.reshape(rows.shape), rows, weight, rstd.reshape(-1), gx.reshape(rows.shape),
+        gweight_part,
+    )  # fmt: skip
+    return gx, gweight_part.sum(axis=0).astype(x.dtype)

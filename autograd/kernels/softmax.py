@@ -107,8 +107,9 @@ def _check_cross_entropy(logits, targets, ignore_index):
     return logits, targets, valid, int(np.count_nonzero(valid))
 
 
-def cross_entropy_forward_numpy(logits, targets, ignore_index=-100, need_grad=True):
-    """loss = mean over kept rows of (logsumexp(row) - row[target]); dlogits = (p - onehot) / n.
+def cross_entropy_forward_numpy(logits, targets, ignore_index=-100, need_grad=True, grad_scale=1.0):
+    """loss = mean over kept rows of (logsumexp(row) - row[target]);
+    dlogits = (p - onehot) / n * grad_scale (the loss's gradient times an incoming dL/dloss).
 
     Notes 9.2 and 10.3. Rows whose target is `ignore_index` add nothing and get a zero gradient;
     if every row is ignored the loss is 0.0 and dlogits is all zero. The loss of a row is
@@ -126,7 +127,7 @@ def cross_entropy_forward_numpy(logits, targets, ignore_index=-100, need_grad=Tr
     dlogits = (e / s).astype(logits.dtype)
     dlogits[rows, targets[rows]] -= 1
     dlogits[~valid] = 0
-    return loss, dlogits / max(n_valid, 1)
+    return loss, dlogits / max(n_valid, 1) * dlogits.dtype.type(grad_scale)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,12 +308,12 @@ def log_softmax_backward_numba(y, gy):
     return gx
 
 
-def cross_entropy_forward_numba(logits, targets, ignore_index=-100, need_grad=True):
+def cross_entropy_forward_numba(logits, targets, ignore_index=-100, need_grad=True, grad_scale=1.0):
     """Fused Numba log-softmax + NLL; same contract as cross_entropy_forward_numpy."""
     logits, targets, valid, n_valid = _check_cross_entropy(logits, targets, ignore_index)
     row_loss = np.empty(logits.shape[0], np.float64)
     dlogits = np.empty_like(logits) if need_grad else logits[:0]
-    inv_n = 1.0 / max(n_valid, 1)
+    inv_n = float(grad_scale) / max(n_valid, 1)  # (p - onehot) times this, in one pass
     _cross_entropy_rows(
         logits.size, logits, targets, ignore_index, inv_n, need_grad, row_loss, dlogits
     )

@@ -111,9 +111,10 @@ def _log_softmax(learner: Callable) -> list:
 
 def _cross_entropy(learner: Callable) -> list:
     def backward(self, g):
-        _, shape, targets, ignore_index = self.saved
-        logits = self.inputs[0].data.reshape(-1, shape[-1])
-        return (np.asarray(learner(logits, targets.reshape(-1), ignore_index) * g).reshape(shape),)
+        logits, targets, ignore_index = self.saved
+        rows = logits.reshape(-1, logits.shape[-1])
+        dlogits = learner(rows, targets.reshape(-1), ignore_index) * g
+        return (np.asarray(dlogits).reshape(logits.shape),)
 
     return [(F.CrossEntropy, "backward", backward)]
 

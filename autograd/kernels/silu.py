@@ -1,0 +1,87 @@
+"""SiLU, the gate of Llama's SwiGLU MLP (notes 8.2), forward and backward, elementwise.
+
+    y = x s,   s = sigmoid(x) = 1 / (1 + e^-x)
+    dy/dx = s (1 + x (1 - s))          (the product rule, with s' = s (1 - s))
+
+The backward takes x, not s: s is recomputed there (one exp), so x alone waits for the backward.
+sigmoid goes through the exp of a non-positive number, e = exp(-|x|), which never overflows:
+s = 1 / (1 + e) for x >= 0 and e / (1 + e) below. The numpy reference walks memory several
+times; the Numba kernel does each direction in one pass, with the vectorisable exp (_exp.py).
+"""
+
+import numba
+import numpy as np
+from numba import prange
+
+from ._common import FASTMATH, Kernel, float_array, same_shape
+from ._exp import exp
+
+# ---------------------------------------------------------------------------------------------
+# numpy reference
+# ---------------------------------------------------------------------------------------------
+
+
+def _sigmoid_numpy(x):
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1, e) / (1 + e)
+
+
+def silu_forward_numpy(x):
+    """y = x sigmoid(x)."""
+    x = float_array(x, "silu_forward", "x")
+    return (x * _sigmoid_numpy(x)).astype(x.dtype, copy=False)
+
+
+def silu_backward_numpy(gy, x):
+    """gx = gy s (1 + x (1 - s)), s = sigmoid(x) recomputed from x."""
+    x = float_array(x, "silu_backward", "x")
+    gy = float_array(gy, "silu_backward", "gy", dtype=x.dtype)
+    same_shape(gy, x, "silu_backward", ("gy", "x"))
+    s = _sigmoid_numpy(x)
+    return (gy * s * (1 + x * (1 - s))).astype(x.dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Numba kernels: one pass over the flattened arrays
+# ---------------------------------------------------------------------------------------------
+
+
+@numba.njit(error_model="numpy", fastmath=FASTMATH)
+def _sigmoid(xi, one):
+    e = exp(-abs(xi))  # <= 1: no overflow
+    return (one if xi >= 0 else e) / (one + e)
+
+
+@Kernel
+def _silu_values(x, y):
+    one = x.dtype.type(1.0)
+    for i in prange(x.size):
+        xi = x[i]
+        y[i] = xi * _sigmoid(xi, one)
+
+
+@Kernel
+def _silu_grads(gy, x, gx):
+    one = x.dtype.type(1.0)
+    for i in prange(x.size):
+        xi = x[i]
+        s = _sigmoid(xi, one)
+        gx[i] = gy[i] * (s * (one + xi * (one - s)))
+
+
+def silu_forward_numba(x):
+    """Numba SiLU forward; same contract as silu_forward_numpy."""
+    x = float_array(x, "silu_forward", "x")
+    y = np.empty_like(x)
+    _silu_values(x.size, x.reshape(-1), y.reshape(-1))
+    return y
+
+
+def silu_backward_numba(gy, x):
+    """Numba SiLU backward; same contract as silu_backward_numpy."""
+    x = float_array(x, "silu_backward", "x")
+    gy = float_array(gy, "silu_backward", "gy", dtype=x.dtype)
+    same_shape(gy, x, "silu_backward", ("gy", "x"))
+    gx = np.empty_like(x)
+    _silu_grads(x.size, gy.reshape(-1), x.reshape(-1), gx.reshape(-1))
+    return gx
