@@ -22,6 +22,7 @@ import numpy as np
 from autograd import hooks, kernels
 from autograd.ops import (
     Op,
+    broadcast_to,
     concatenate,
     exp,
     scatter_add,
@@ -655,6 +656,8 @@ class Attention(Function):
     # dv = A^T dO; dA = dO v^T; dS = A (dA - rowsum(dA A))   (notes 10.5, 10.6)
     # dq = dS k / sqrt(D); dk = dS^T q / sqrt(D)             (notes 10.7)
     # The kernel keeps only O and one log-sum-exp per row and recomputes A in backward.
+    # k, v may have fewer heads than q (grouped-query attention, notes 8.1): query head h reads
+    # K/V head h // (H / Hkv), and a K/V head's gradient sums those of its query heads.
     def forward(self, q, k, v, causal=True):
         o, lse = kernels.attention_forward(q, k, v, causal)
         self.save_for_backward(q, k, v, o, lse, causal)
@@ -666,19 +669,44 @@ class Attention(Function):
 
     def vjp(self, g, output):  # the composite reference: A recomputed from Tensor ops
         q, k, v = self.inputs
+        kv_heads, (k, v) = k.shape[1], (per_query_head(t, q.shape[1]) for t in (k, v))
         tq, tk = q.shape[2], k.shape[2]
         allowed = np.tril(np.ones((tq, tk), dtype=bool), k=tk - tq) if self.saved[-1] else None
         scale = 1.0 / math.sqrt(q.shape[-1])
-        return _attention_vjp(q, k, v, _attention_weights(q, k, allowed, scale), g, scale)
+        gq, gk, gv = _attention_vjp(q, k, v, _attention_weights(q, k, allowed, scale), g, scale)
+        return gq, _per_kv_head(gk, kv_heads), _per_kv_head(gv, kv_heads)
 
     def jvp(self, out, q_dot, k_dot, v_dot):  # the tangents of S, A and O (see _attention_jvp)
         q, k, v, _, _, causal = self.saved
+        k, v, k_dot, v_dot = (per_query_head(t, q.shape[1]) for t in (k, v, k_dot, v_dot))
         tq, tk = q.shape[2], k.shape[2]
         allowed = np.tril(np.ones((tq, tk), dtype=bool), k=tk - tq) if causal else True
         scale = 1.0 / math.sqrt(q.shape[-1])
         scores = np.where(allowed, q @ np.swapaxes(k, -1, -2) * scale, -np.inf)
         a = kernels.softmax_forward(scores)
         return _attention_jvp(q, k, v, a, q_dot, k_dot, v_dot, scale)
+
+
+def per_query_head(t: Any, heads: int) -> Any:
+    """K or V (B, Hkv, T, D) -> (B, H, T, D): each K/V head repeated for the query heads that read
+    it (grouped-query attention; HF's repeat_kv order). A Tensor (differentiable) or an array."""
+    b, kv_heads, length, d = t.shape
+    if kv_heads == heads:
+        return t
+    if isinstance(t, Tensor):
+        grouped = (b, kv_heads, heads // kv_heads, length, d)
+        return broadcast_to(t.reshape(b, kv_heads, 1, length, d), grouped).reshape(
+            b, heads, length, d
+        )
+    return np.repeat(t, heads // kv_heads, axis=1)
+
+
+def _per_kv_head(t: Any, kv_heads: int) -> Any:
+    """(B, H, T, D) -> (B, Hkv, T, D): the sum over each K/V head's query heads."""
+    b, heads, length, d = t.shape
+    if kv_heads == heads:
+        return t
+    return t.reshape(b, kv_heads, heads // kv_heads, length, d).sum(axis=2)
 
 
 class MaskedAttention(Function):
@@ -740,8 +768,10 @@ def scaled_dot_product_attention(
 ) -> Tensor:
     """softmax(q k^T / sqrt(D)) v over (B, H, T, D) inputs (notes 3.3, 7.4).
 
-    q (B, H, Tq, D); k (B, H, Tk, D); v (B, H, Tk, Dv): Dv may differ from D, as in the notes'
-    ch. 11 (the kernel handles Dv == D; other widths take the plain numpy path).
+    q (B, H, Tq, D); k (B, Hkv, Tk, D); v (B, Hkv, Tk, Dv): Dv may differ from D, as in the
+    notes' ch. 11 (the kernel handles Dv == D; other widths take the plain numpy path). Hkv may
+    be a divisor of H (grouped-query attention, notes 8.1): query head h reads K/V head
+    h // (H / Hkv).
     causal: query i may read keys j <= i + (Tk - Tq) (with Tq == Tk that is j <= i; a KV-cache
     step with Tq = 1 reads every cached key). mask: optional boolean allowed set broadcastable to
     (B, H, Tq, Tk), combined with causal. A query row with no allowed key is an error (notes 7.4:
@@ -753,14 +783,21 @@ def scaled_dot_product_attention(
             "scaled_dot_product_attention: q, k, v must be 4-d (B, H, T, D), got "
             f"{q.shape}, {k.shape}, {v.shape}"
         )
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
+    if (
+        q.shape[0] != k.shape[0]
+        or k.shape[:3] != v.shape[:3]
+        or q.shape[3] != k.shape[3]
+        or k.shape[1] == 0
+        or q.shape[1] % k.shape[1]
+    ):
         raise ValueError(
-            "scaled_dot_product_attention: expected q (B, H, Tq, D), k (B, H, Tk, D) and "
-            f"v (B, H, Tk, Dv), got q {q.shape}, k {k.shape}, v {v.shape}"
+            "scaled_dot_product_attention: expected q (B, H, Tq, D), k (B, Hkv, Tk, D) and "
+            f"v (B, Hkv, Tk, Dv) with Hkv dividing H, got q {q.shape}, k {k.shape}, v {v.shape}"
         )
     tq, tk = q.shape[2], k.shape[2]
     if mask is None and (not causal or tq <= tk) and v.shape[3] == q.shape[3]:
-        return Attention.apply(q, k, v, causal=causal)
+        return Attention.apply(q, k, v, causal=causal)  # (its kernels read grouped K/V heads)
+    k, v = per_query_head(k, q.shape[1]), per_query_head(v, q.shape[1])
     allowed = np.ones((tq, tk), dtype=bool)
     if causal:
         allowed = np.tril(allowed, k=tk - tq)

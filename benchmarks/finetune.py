@@ -15,10 +15,10 @@ cleared, in two modes:
 
 glassgrad runs autograd.compile's step (default fusion), PyTorch its eager step (transformers'
 LlamaForCausalLM, no torch.compile). Each framework and mode runs in a fresh process of its own,
-the processes alternated, --rounds of each; the table quotes medians of the step times after a
-warm-up step and the peak resident memory of each process (VmHWM: the load, the warm-up - for
-glassgrad the trace - and the steps). Needs torch and transformers in --hf-python (never a test
-dependency). Run timings under the bench lock:
+the processes alternated, --rounds of each; the table quotes medians of the step times after
+--warmup untimed steps (glassgrad's first is the trace, its second the first replay) and the peak
+resident memory of each process (VmHWM: the load, the warm-up and the steps). Needs torch and
+transformers in --hf-python (never a test dependency). Run timings under the bench lock:
 `flock /tmp/glassgrad-bench.lock python -m benchmarks.finetune ...`.
 """
 
@@ -61,19 +61,24 @@ def _batch(batch: int, seq: int, vocab_size: int) -> tuple:
     return data[:, :-1].copy(), data[:, 1:].copy()
 
 
-def _time_steps(step, steps: int) -> tuple[float, float, list[float]]:
-    start = time.perf_counter()
-    loss0 = step()
-    warmup = time.perf_counter() - start
+def _time_steps(step, steps: int, warmup_steps: int) -> tuple[float, list[float], list[float]]:
+    """(first loss, warm-up step times, timed step times): the same for both frameworks."""
+    warmup, losses = [], []
+    for _ in range(max(warmup_steps, 1)):
+        start = time.perf_counter()
+        losses.append(step())
+        warmup.append(time.perf_counter() - start)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return loss0, warmup, times
+    return losses[0], warmup, times
 
 
-def worker_glassgrad(directory: str, mode: str, batch: int, seq: int, steps: int) -> dict:
+def worker_glassgrad(
+    directory: str, mode: str, batch: int, seq: int, steps: int, warmup_steps: int
+) -> dict:
     from threadpoolctl import threadpool_info
 
     import autograd
@@ -91,7 +96,7 @@ def worker_glassgrad(directory: str, mode: str, batch: int, seq: int, steps: int
 
     compiled = autograd.compile(step)
     x, y = _batch(batch, seq, model.config.vocab_size)
-    loss0, warmup, times = _time_steps(lambda: float(compiled(x, y).data), steps)
+    loss0, warmup, times = _time_steps(lambda: float(compiled(x, y).data), steps, warmup_steps)
     blas = [f"{i['internal_api']} {i.get('architecture')}" for i in threadpool_info()]
     plan = compiled.plan_for(x, y)
     return dict(
@@ -106,7 +111,9 @@ def worker_glassgrad(directory: str, mode: str, batch: int, seq: int, steps: int
     )
 
 
-def worker_torch(directory: str, mode: str, batch: int, seq: int, steps: int) -> dict:
+def worker_torch(
+    directory: str, mode: str, batch: int, seq: int, steps: int, warmup_steps: int
+) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -145,7 +152,7 @@ def worker_torch(directory: str, mode: str, batch: int, seq: int, steps: int) ->
         optimizer.step()
         return float(loss)
 
-    loss0, warmup, times = _time_steps(step, steps)
+    loss0, warmup, times = _time_steps(step, steps, warmup_steps)
     total = sum(p.numel() for p in model.parameters())
     return dict(
         step_s=statistics.median(times),
@@ -166,6 +173,7 @@ def _run_worker(kind: str, mode: str, args: argparse.Namespace, directory: Path)
     start = [args.hf_python, __file__] if kind == "torch" else ours
     command = [*start, "--worker", kind, "--mode", mode, "--dir", str(directory)]
     command += ["--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps)]
+    command += ["--warmup", str(args.warmup)]
     command += ["--threads", str(args.threads)]
     return run_worker(command, args.threads, f"{kind} {mode}")
 
@@ -176,7 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--batch", type=int, default=4, help="rows per step (default 4)")
     p.add_argument("--seq", type=int, default=256, help="tokens per row (default 256)")
-    p.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up step")
+    p.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up steps")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="untimed steps first (default 2: glassgrad's trace and its first replay, where "
+        "Numba compiles what eager did not call and the arena's pages are first touched)",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads of each framework")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes of each framework")
     p.add_argument("--modes", default="full,lora", help="full, lora or both (default)")
@@ -191,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
             torch.set_num_threads(args.threads)
         run = worker_torch if args.worker == "torch" else worker_glassgrad
-        result = run(args.dir, args.mode, args.batch, args.seq, args.steps)
+        result = run(args.dir, args.mode, args.batch, args.seq, args.steps, args.warmup)
         print(json.dumps({**result, "peak_rss_mb": _peak_rss_mb()}))
         return 0
     modes = [m for m in args.modes.split(",") if m]
@@ -213,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"SmolLM2-135M shape, random weights, float32, batch {args.batch} x {args.seq} tokens, "
         f"AdamW, {args.threads} threads, medians of {args.rounds} fresh processes each "
-        f"({args.steps} timed steps after a warm-up in each); sgemm peak of this run "
+        f"({args.steps} timed steps after {args.warmup} warm-up steps in each); sgemm peak of "
+        "this run "
         f"{peak:.1f} GFLOP/s\n"
     )
     print(

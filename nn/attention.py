@@ -28,7 +28,6 @@ import numpy as np
 
 import autograd.functional as F
 from autograd import Tensor, is_grad_enabled
-from autograd.ops import broadcast_to
 from nn.layers import (
     MLP,
     Dropout,
@@ -154,17 +153,9 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, mask: Any =
     query head h reads K/V head h // (H / Hkv) (notes 8.1; HF's repeat_kv order)."""
     B, H, Tq, D = q.shape
     n_kv = k.shape[1]
-    if n_kv == H:
-        return F.scaled_dot_product_attention(q, k, v, causal=causal, mask=mask)
-    group = H // n_kv
-    if Tq == 1:  # one position reads every key: a group's heads become query rows of its K/V head
-        y = F.scaled_dot_product_attention(q.reshape(B, n_kv, group, D), k, v, False, mask)
-        return y.reshape(B, H, 1, D)
-    Tk = k.shape[2]
-    k, v = (
-        broadcast_to(t.reshape(B, n_kv, 1, Tk, D), (B, n_kv, group, Tk, D)).reshape(B, H, Tk, D)
-        for t in (k, v)
-    )
+    if n_kv != H and Tq == 1:  # one position reads every key: a group's heads become query rows
+        y = F.scaled_dot_product_attention(q.reshape(B, n_kv, H // n_kv, D), k, v, False, mask)
+        return y.reshape(B, H, 1, D)  # of its K/V head, one product per K/V head
     return F.scaled_dot_product_attention(q, k, v, causal=causal, mask=mask)
 
 

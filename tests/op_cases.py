@@ -457,8 +457,8 @@ def attention_example(case, allowed=None, forward_rtol=1e-9):
 
 
 @st.composite
-def masked_attention_case(draw):
-    case = draw(qkv())
+def masked_attention_case(draw, grouped=False):
+    case = draw(qkv(grouped=grouped))
     allowed = seeded(draw).random((case[0].shape[2], case[1].shape[2])) < 0.6
     allowed[:, 0] = True  # every row keeps at least one key
     return attention_example(case, allowed)
@@ -466,6 +466,9 @@ def masked_attention_case(draw):
 
 register("attention", qkv().map(attention_example), both_backends=True)
 register("attention_masked", masked_attention_case())
+# grouped-query attention (notes 8.1): K/V heads shared by groups of query heads
+register("attention_grouped", qkv(grouped=True).map(attention_example), both_backends=True)
+register("attention_grouped_masked", masked_attention_case(grouped=True))
 # notes ch. 11 has d_k = 1 and d_v = 2: V's width is independent of Q/K's
 register("attention_value_width", qkv(any_value_width=True).map(attention_example))
 

@@ -233,9 +233,10 @@ def attention_inputs(draw):
     tq = draw(st.sampled_from([1, 2, 5, 63, 64, 65, 130]))
     tk = tq + draw(st.sampled_from([0, 1, 7, 64])) if causal else draw(st.integers(1, 70))
     b, h, d = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 17]))
+    group = draw(st.sampled_from([1, 1, 2, 3]))  # query heads per K/V head (grouped-query)
     rng = np.random.default_rng(draw(seeds))
     dt = draw(dtypes)
-    q, go = (rng.standard_normal((b, h, tq, d)).astype(dt) for _ in range(2))
+    q, go = (rng.standard_normal((b, h * group, tq, d)).astype(dt) for _ in range(2))
     k, v = (rng.standard_normal((b, h, tk, d)).astype(dt) for _ in range(2))
     block_q = draw(st.sampled_from([64, 8, 5, 1]))  # small blocks cross block edges
     return q, k, v, go, causal, block_q
@@ -270,8 +271,10 @@ def test_attention_causal_alignment_and_errors(backend):
     o, _ = fwd(q, k, v, causal=True)  # KV-cache decoding: the 2 queries are positions 3 and 4
     o_full, _ = fwd(np.concatenate([rng.standard_normal((1, 1, 3, 4)), q], axis=2), k, v)
     np.testing.assert_allclose(o, o_full[:, :, 3:], rtol=1e-12)
-    with pytest.raises(ValueError, match=r"q \(2, 4, 8, 16\), k \(2, 4, 8, 8\).*agree in B, H, D"):
+    with pytest.raises(ValueError, match=r"q \(2, 4, 8, 16\), k \(2, 4, 8, 8\).*agree in B and D"):
         fwd(np.zeros((2, 4, 8, 16)), np.zeros((2, 4, 8, 8)), np.zeros((2, 4, 8, 8)))
+    with pytest.raises(ValueError, match=r"k's heads must divide q's"):  # 3 K/V heads, 4 queries
+        fwd(np.zeros((2, 4, 8, 8)), np.zeros((2, 3, 8, 8)), np.zeros((2, 3, 8, 8)))
     with pytest.raises(ValueError, match=r"no allowed key"):
         fwd(np.zeros((1, 1, 3, 4)), np.zeros((1, 1, 2, 4)), np.zeros((1, 1, 2, 4)))
     with pytest.raises(ValueError, match=r"must be \(B, H, T, D\)"):
@@ -296,7 +299,8 @@ def test_attention_block_edges(tq, tk, causal, block_q, monkeypatch):
     # no query at all
     monkeypatch.setattr(attention, "BLOCK_Q", block_q)
     rng = np.random.default_rng(tq * 100 + tk)
-    q, go = rng.standard_normal((2, 2, tq, 8)), rng.standard_normal((2, 2, tq, 8))
+    heads = 2 * (1 + block_q % 3)  # 2 or 4 query heads on the 2 K/V heads (grouped when 4)
+    q, go = rng.standard_normal((2, heads, tq, 8)), rng.standard_normal((2, heads, tq, 8))
     k, v = rng.standard_normal((2, 2, tk, 8)), rng.standard_normal((2, 2, tk, 8))
     o, lse = attention.attention_forward_numpy(q, k, v, causal)
     o2, lse2 = attention.attention_forward_numba(q, k, v, causal)

@@ -211,10 +211,16 @@ def _gelu_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> Lower
 
 
 def _fused_attention(plan: Any, node: Any) -> bool:
-    """Self-attention (Tq = Tk, Dv = D) with fusion=True (not "exact": its sums run in another
-    order than eager's blocked kernel): run by _attention_forward."""
+    """Self-attention (Tq = Tk, Dv = D; K/V heads may be grouped) with fusion=True (not "exact":
+    its sums run in another order than eager's blocked kernel): run by _attention_forward."""
     q, k, v = node.inputs
-    return plan.fusion is True and q.shape == k.shape == v.shape
+    return plan.fusion is True and q.shape[2:] == k.shape[2:] and k.shape == v.shape
+
+
+def _by_kv_head(a: np.ndarray, kv_heads: int) -> np.ndarray:
+    """(B, H, ...) -> (B, Hkv, H / Hkv, ...) view: each K/V head's query heads side by side, so
+    that a product with the K/V head (given a size-1 axis there) broadcasts over the group."""
+    return a.reshape(a.shape[0], kv_heads, a.shape[1] // kv_heads, *a.shape[2:])
 
 
 # Causal products skip the masked future a block of query rows at a time: rows r0:r1 need keys
@@ -246,15 +252,16 @@ def _attention_probs(plan: Any, node: Any, probs: np.ndarray) -> Callable[[], No
     from autograd.kernels import attention
 
     vals, (q, k), matmul = plan.vals, (x.id for x in node.inputs[:2]), plan.matmul
-    causal = bool(node.params.get("causal", True))
+    causal, kv_heads = bool(node.params.get("causal", True)), node.inputs[1].shape[1]
     B, H, T, _ = probs.shape
     heads, lse = probs.reshape(B * H, T, T), np.empty((B * H, T), probs.dtype)
     scale, blocks = attention._scale(vals[q]), _row_blocks(T, causal)
+    probs_g = _by_kv_head(probs, kv_heads)
 
     def run() -> None:
-        qv, kv = vals[q], vals[k]
+        qv, kv = _by_kv_head(vals[q], kv_heads), vals[k][:, :, None]
         for r0, r1 in blocks:
-            matmul(qv[..., r0:r1, :], kv[..., :r1, :].swapaxes(-1, -2), probs[..., r0:r1, :r1])
+            matmul(qv[..., r0:r1, :], kv[..., :r1, :].swapaxes(-1, -2), probs_g[..., r0:r1, :r1])
         attention._probs_forward(probs.size, heads, scale, causal, 0, lse, 0)
 
     return run
@@ -265,15 +272,17 @@ def _attention_forward(plan: Any, node: Any, out: np.ndarray, position: int) -> 
     # Batched np.matmul over the heads on the strided q/k/v views of the projections: no copies.
     vals, v, matmul = plan.vals, node.inputs[2].id, plan.matmul
     B, H, T, _ = out.shape
+    kv_heads = node.inputs[2].shape[1]
     probs = plan.scratch((B, H, T, T), out.dtype, position)  # for this forward only
     probabilities = _attention_probs(plan, node, probs)
     blocks = _row_blocks(T, bool(node.params.get("causal", True)))
+    probs_g, out_g = _by_kv_head(probs, kv_heads), _by_kv_head(out, kv_heads)
 
     def run() -> None:
         probabilities()
-        vv = vals[v]
+        vv = vals[v][:, :, None]
         for r0, r1 in blocks:
-            matmul(probs[..., r0:r1, :r1], vv[..., :r1, :], out[..., r0:r1, :])
+            matmul(probs_g[..., r0:r1, :r1], vv[..., :r1, :], out_g[..., r0:r1, :])
 
     return run, (
         f"fused: q k^T, softmax in place, P v in {len(blocks)} causal row block(s); "
@@ -564,22 +573,35 @@ def _gelu_backward(plan: Any, node: Any, position: int) -> Lowered:
 
 def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
     # gv = P^T g;  dS = P (dP - rowsum(P dP)) scale, dP = g v^T;  gq = dS k;  gk = dS^T q
-    # (notes 10.5), each product over the allowed blocks only (_row_blocks)
+    # (notes 10.5), each product over the allowed blocks only (_row_blocks); with grouped K/V
+    # heads, gk and gv are made per query head and then summed over each K/V head's group
     from autograd.kernels import attention
 
     vals, g, matmul = plan.vals, plan.grads[node.out.id], plan.matmul
     q, k, v = node.inputs
     scale = attention._scale(g)
-    causal = bool(node.params.get("causal", True))
-    B, H, T, _ = g.shape
+    causal, kv_heads = bool(node.params.get("causal", True)), k.shape[1]
+    B, H, T, D = g.shape
     probs, dp = (plan.scratch((B, H, T, T), g.dtype, position) for _ in range(2))
     probabilities = _attention_probs(plan, node, probs)  # P again, from q and k
     rows = probs.size // probs.shape[-1]
     p2, dp2 = probs.reshape(rows, -1), dp.reshape(rows, -1)
-    blocks = _row_blocks(probs.shape[-1], causal)
+    probs_g, dp_g, g_g = (_by_kv_head(a, kv_heads) for a in (probs, dp, g))
+    blocks = _row_blocks(T, causal)
+
+    def per_query_head(x: Any) -> tuple[np.ndarray, Any]:
+        """(buffer for the products, then-what) for K or V's gradient: the gradient's own
+        buffer, or (grouped heads) a per-query-head scratch then summed over each group."""
+        buf, post = plan.contribution(x, x.shape, position)
+        if kv_heads == H:
+            return buf, post
+        full = plan.scratch((B, H, T, D), g.dtype, position)
+        summed = _by_kv_head(full, kv_heads)
+        return full, _then(lambda: np.sum(summed, axis=2, out=buf), post)
+
     steps = []
     if v.requires_grad:
-        gv, post = plan.contribution(v, v.shape, position)
+        gv, post = per_query_head(v)
 
         def value() -> None:  # keys r0:r1 get P^T g from the queries r0: that see them
             for r0, r1 in blocks:
@@ -588,15 +610,16 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
         steps.append((value, post))
     if q.requires_grad:
         gq, post = plan.contribution(q, q.shape, position)
+        gq_g = _by_kv_head(gq, kv_heads)
 
         def query() -> None:
-            kv = vals[k.id]
+            kv = vals[k.id][:, :, None]
             for r0, r1 in blocks:
-                matmul(dp[..., r0:r1, :r1], kv[..., :r1, :], gq[..., r0:r1, :])
+                matmul(dp_g[..., r0:r1, :r1], kv[..., :r1, :], gq_g[..., r0:r1, :])
 
         steps.append((query, post))
     if k.requires_grad:
-        gk, post = plan.contribution(k, k.shape, position)
+        gk, post = per_query_head(k)
 
         def key() -> None:
             qv = vals[q.id]
@@ -607,9 +630,9 @@ def _attention_backward(plan: Any, node: Any, position: int) -> Lowered:
 
     def run() -> None:
         probabilities()
-        vv = vals[v.id]
+        vv = vals[v.id][:, :, None]
         for r0, r1 in blocks:
-            matmul(g[..., r0:r1, :], vv[..., :r1, :].swapaxes(-1, -2), dp[..., r0:r1, :r1])
+            matmul(g_g[..., r0:r1, :], vv[..., :r1, :].swapaxes(-1, -2), dp_g[..., r0:r1, :r1])
         attention._probs_backward(dp.size, p2, dp2, causal, scale)  # in place: dS
         for step, post in steps:
             step()

@@ -1,6 +1,8 @@
 """Scaled dot-product attention, forward and backward (notes 7.1, 7.4, 10.5-10.7).
 
-q is (B, H, Tq, D), k and v are (B, H, Tk, D); per batch and head, with scale = 1 / sqrt(D):
+q is (B, H, Tq, D), k and v are (B, Hkv, Tk, D) with Hkv dividing H: query head h reads K/V head
+h // (H / Hkv) (grouped-query attention, notes 8.1; Hkv = H is multi-head attention, Hkv = 1
+multi-query). Per batch and query head, with scale = 1 / sqrt(D):
     S = q k^T * scale                       scores (Tq, Tk)
     P = softmax over the allowed keys of S  each row sums to 1 over its allowed set
     o = P v                                 (Tq, D)
@@ -14,7 +16,8 @@ rows would have no allowed key. Without causal every key is allowed.
 Backward, given go = dL/do (notes 10.5-10.7):
     gv = P^T go,  dP = go v^T,  Di = rowsum(go * o),  dS = P * (dP - Di),
     gq = dS k * scale,  gk = dS^T q * scale.
-(Di = rowsum(P * dP) because o = P v; it is the "weighted average" term of notes 10.6.)
+(Di = rowsum(P * dP) because o = P v; it is the "weighted average" term of notes 10.6.) With
+grouped K/V heads, gk and gv of a K/V head sum those of the query heads that read it.
 
 The numpy reference builds the (Tq, Tk) score matrix per head. The fast path never does: it walks
 blocks of BLOCK_Q query rows, and for each block takes only the keys that some row of the block may
@@ -55,10 +58,16 @@ def _check(kernel, q, k, v, causal):
         raise ValueError(
             f"{kernel}: q, k, v must be (B, H, T, D); got q {q.shape}, k {k.shape}, v {v.shape}"
         )
-    if q.shape[:2] + q.shape[3:] != k.shape[:2] + k.shape[3:] or k.shape != v.shape:
+    if (
+        q.shape[0] != k.shape[0]
+        or q.shape[3] != k.shape[3]
+        or k.shape != v.shape
+        or k.shape[1] == 0
+        or q.shape[1] % k.shape[1]
+    ):
         raise ValueError(
-            f"{kernel}: q {q.shape}, k {k.shape} and v {v.shape} must agree in B, H, D "
-            f"(and k, v in T)"
+            f"{kernel}: q {q.shape}, k {k.shape} and v {v.shape} must agree in B and D, k and v "
+            f"in every axis, and k's heads must divide q's"
         )
     tq, tk = q.shape[2], k.shape[2]
     if tk == 0 or (causal and tq > tk):
@@ -86,9 +95,21 @@ def _allowed(tq, tk):
 # ---------------------------------------------------------------------------------------------
 
 
+def _per_query_head(a, heads):
+    """(B, Hkv, T, D) -> (B, H, T, D): each K/V head repeated for the query heads that read it."""
+    return np.repeat(a, heads // a.shape[1], axis=1)
+
+
+def _per_kv_head(a, kv_heads):
+    """(B, H, T, D) -> (B, Hkv, T, D): the sum over each K/V head's group of query heads."""
+    b, h, t, d = a.shape
+    return a.reshape(b, kv_heads, h // kv_heads, t, d).sum(axis=2)
+
+
 def attention_forward_numpy(q, k, v, causal=True):
     """o = softmax(q k^T / sqrt(D), over allowed keys) v; lse = log-sum-exp of those scores."""
     q, k, v = _check("attention_forward", q, k, v, causal)
+    k, v = _per_query_head(k, q.shape[1]), _per_query_head(v, q.shape[1])
     s = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     if causal:
         s = np.where(_allowed(q.shape[2], k.shape[2]), s, -np.inf)
@@ -106,6 +127,8 @@ def attention_backward_numpy(q, k, v, o, lse, go, causal=True):
     o = _check_grad(kernel, "o", o, q)
     go = _check_grad(kernel, "go", go, q)
     lse = _check_grad(kernel, "lse", lse, q[..., 0])
+    kv_heads = k.shape[1]
+    k, v = _per_query_head(k, q.shape[1]), _per_query_head(v, q.shape[1])
     scale = 1.0 / math.sqrt(q.shape[-1])
     p = np.exp((q @ k.swapaxes(-1, -2)) * scale - lse[..., None])
     if causal:
@@ -114,7 +137,8 @@ def attention_backward_numpy(q, k, v, o, lse, go, causal=True):
     dp = go @ v.swapaxes(-1, -2)
     di = np.sum(go * o, axis=-1, keepdims=True)
     ds = p * (dp - di) * q.dtype.type(scale)
-    return ds @ k, ds.swapaxes(-1, -2) @ q, gv
+    gk = ds.swapaxes(-1, -2) @ q
+    return ds @ k, _per_kv_head(gk, kv_heads), _per_kv_head(gv, kv_heads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,22 +260,36 @@ def _scratch(buffer, *shape):
     return buffer[: math.prod(shape)].reshape(shape)
 
 
+def _grouped(a, kv_heads):
+    """(B * H, ...) -> (B * Hkv, H / Hkv, ...) view: each K/V head's query heads side by side,
+    so that one np.matmul with the K/V head broadcast over them serves the whole group."""
+    return a.reshape(kv_heads, a.shape[0] // kv_heads, *a.shape[1:])
+
+
+def _add_groups(target, part, kv_heads):
+    """target (B * Hkv, ...) += part (B * H, ...) summed over each K/V head's query heads."""
+    target += part if part.shape[0] == kv_heads else _grouped(part, kv_heads).sum(axis=1)
+
+
 def attention_forward_numba(q, k, v, causal=True):
     """Blocked forward (BLAS products, Numba softmax); same contract as attention_forward_numpy."""
     q, k, v = _check("attention_forward", q, k, v, causal)
     (n_heads, tq, _), tk = _heads(q).shape, k.shape[2]
     qh, kh, vh = _heads(q), _heads(k), _heads(v)
+    n_kv = kh.shape[0]
     o = np.empty_like(q)
     oh = _heads(o)
     lse = np.empty((n_heads, tq), q.dtype)
     scale = _scale(q)
     buffer = np.empty(n_heads * min(BLOCK_Q, tq) * tk, q.dtype)
-    kT = _transposed(kh, tq)
+    kT, vg = _transposed(kh, tq)[:, None], vh[:, None]  # broadcast over each group
+    qg, og = _grouped(qh, n_kv), _grouped(oh, n_kv)
     for i0, i1, width in _query_blocks(tq, tk, causal):
         s = _scratch(buffer, n_heads, i1 - i0, width)
-        np.matmul(qh[:, i0:i1], kT[:, :, :width], out=s)
+        sg = _grouped(s, n_kv)
+        np.matmul(qg[:, :, i0:i1], kT[..., :width], out=sg)
         _probs_forward(s.size, s, scale, causal, i0 + tk - tq, lse, i0)
-        np.matmul(s, vh[:, :width], out=oh[:, i0:i1])
+        np.matmul(sg, vg[:, :, :width], out=og[:, :, i0:i1])
     return o, lse.reshape(q.shape[:3])
 
 
@@ -264,6 +302,7 @@ def attention_backward_numba(q, k, v, o, lse, go, causal=True):
     lse = _check_grad(kernel, "lse", lse, q[..., 0])
     (n_heads, tq, d_head), tk = _heads(q).shape, k.shape[2]
     qh, kh, vh, goh = _heads(q), _heads(k), _heads(v), _heads(go)
+    n_kv = kh.shape[0]
     di = np.empty((n_heads, tq), q.dtype)  # Di = rowsum(go * o)
     rows_shape = (n_heads * tq, d_head)
     _row_dots(go.size, go.reshape(rows_shape), o.reshape(rows_shape), di.reshape(-1))
@@ -273,17 +312,18 @@ def attention_backward_numba(q, k, v, o, lse, go, causal=True):
     rows = min(BLOCK_Q, tq)
     s_buffer, dp_buffer = (np.empty(n_heads * rows * tk, q.dtype) for _ in range(2))
     part_buffer = np.empty(n_heads * tk * d_head, q.dtype)
-    kT, vT = _transposed(kh, tq), _transposed(vh, tq)
+    kT, vT = _transposed(kh, tq)[:, None], _transposed(vh, tq)[:, None]
+    qg, gog, gqg, kg = _grouped(qh, n_kv), _grouped(goh, n_kv), _grouped(gqh, n_kv), kh[:, None]
     for i0, i1, width in _query_blocks(tq, tk, causal):
         s = _scratch(s_buffer, n_heads, i1 - i0, width)
         dp = _scratch(dp_buffer, n_heads, i1 - i0, width)
         part = _scratch(part_buffer, n_heads, width, d_head)
-        np.matmul(qh[:, i0:i1], kT[:, :, :width], out=s)
-        np.matmul(goh[:, i0:i1], vT[:, :, :width], out=dp)
+        np.matmul(qg[:, :, i0:i1], kT[..., :width], out=_grouped(s, n_kv))
+        np.matmul(gog[:, :, i0:i1], vT[..., :width], out=_grouped(dp, n_kv))
         _ds_backward(s.size, s, dp, lse.reshape(n_heads, tq), di, scale, causal, i0 + tk - tq, i0)
-        np.matmul(dp, kh[:, :width], out=gqh[:, i0:i1])  # gq rows of this block: dS k
+        np.matmul(_grouped(dp, n_kv), kg[:, :, :width], out=gqg[:, :, i0:i1])  # gq: dS k
         np.matmul(s.swapaxes(1, 2), goh[:, i0:i1], out=part)  # gv += P^T go
-        gvh[:, :width] += part
+        _add_groups(gvh[:, :width], part, n_kv)
         np.matmul(dp.swapaxes(1, 2), qh[:, i0:i1], out=part)  # gk += dS^T q
-        gkh[:, :width] += part
+        _add_groups(gkh[:, :width], part, n_kv)
     return gq, gk, gv

@@ -53,7 +53,9 @@ def np_rms_norm(a, weight, eps=1e-5):
 
 
 def np_attention(q, k, v, causal, allowed=None):
-    """softmax(q kᵀ/√d over the allowed keys) v, on (B, H, T, D) arrays."""
+    """softmax(q kᵀ/√d over the allowed keys) v, on (B, H, T, D) arrays; k and v may have fewer
+    heads, each read by a group of query heads (repeated here, as HF's repeat_kv)."""
+    k, v = (np.repeat(a, q.shape[1] // a.shape[1], axis=1) for a in (k, v))
     tq, tk = q.shape[2], k.shape[2]
     s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
     rule = np.ones((tq, tk), bool) if allowed is None else allowed

@@ -99,15 +99,17 @@ def norm_inputs(draw):
 
 
 @st.composite
-def qkv(draw, any_value_width=False):
-    """(q, k, v, causal): (B, H, T, D) arrays, Tq <= Tk (a KV-cache step when Tq < Tk)."""
+def qkv(draw, any_value_width=False, grouped=False):
+    """(q, k, v, causal): (B, H, T, D) arrays, Tq <= Tk (a KV-cache step when Tq < Tk).
+    grouped: k and v have Hkv heads, each read by a group of 2 or 3 query heads (H = Hkv group)."""
     rng = seeded(draw)
     b, h = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    kv_heads, h = (h, h * draw(st.integers(2, 3))) if grouped else (h, h)
     tk = draw(st.sampled_from([1, 2, 3, 5, 8]))
     tq = draw(st.integers(1, tk))  # Tq < Tk: a KV-cache step (bottom-right aligned causal)
     d = draw(st.sampled_from([1, 2, 3, 5]))
     scale = draw(st.sampled_from([1.0, 3.0]))
     q = rng.standard_normal((b, h, tq, d)) * scale
-    k = rng.standard_normal((b, h, tk, d)) * scale
-    v = rng.standard_normal((b, h, tk, draw(st.integers(1, 4)) if any_value_width else d))
+    k = rng.standard_normal((b, kv_heads, tk, d)) * scale
+    v = rng.standard_normal((b, kv_heads, tk, draw(st.integers(1, 4)) if any_value_width else d))
     return q, k, v, draw(st.booleans())
