@@ -13,6 +13,7 @@ from typing import Any
 
 from autograd import check_packages  # nn, imported by models.gpt, checks autograd
 from models.decoder import Decoder, DecoderConfig
+from models.errors import FileFormatError
 from models.gpt import GPT, GPTConfig
 from models.hf import read_config
 from models.llama import Llama
@@ -40,6 +41,7 @@ __all__ = [
     "CharTokenizer",
     "Decoder",
     "DecoderConfig",
+    "FileFormatError",
     "GPTConfig",
     "Llama",
     "from_pretrained",
