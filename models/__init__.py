@@ -24,7 +24,13 @@ FAMILIES = {"gpt2": GPT, "llama": Llama, "qwen2": Llama, "mistral": Llama}
 
 def from_pretrained(path: str | Path, dtype: Any = None) -> Decoder:
     """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
-    model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama. Weights in dtype (default float32)."""
+    model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama; or of a llama.cpp GGUF file (a
+    path ending in .gguf: models.gguf, which needs the gguf package). Weights in dtype (default
+    float32)."""
+    if str(path).lower().endswith(".gguf"):
+        from models import gguf  # the optional gguf package is imported only for GGUF files
+
+        return gguf.load(path, dtype)
     directory, config = read_config(path)
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
