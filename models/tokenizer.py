@@ -30,6 +30,7 @@ import regex
 
 import nn
 from models.chat_template import render_chat_template
+from models.errors import FileFormatError
 
 
 class CharTokenizer:
@@ -544,8 +545,11 @@ class BPETokenizer:
     def from_pretrained(cls, directory: str | Path) -> BPETokenizer:
         """Load a tokenizer directory: Hugging Face's tokenizer.json (+ tokenizer_config.json,
         for the chat template) if it has one, else GPT-2's vocab.json + merges.txt (a directory
-        written by save, or GPT-2's own: a download of gpt2 has all three, which agree)."""
+        written by save, or GPT-2's own: a download of gpt2 has all three, which agree). Or a
+        llama.cpp .gguf file: the tokenizer and chat template of its metadata."""
         directory = Path(directory)
+        if directory.suffix == ".gguf" and not directory.is_dir():
+            return _read_gguf_tokenizer(directory)
         data = _read_tokenizer_json(directory)
         if _is_hf(data):
             return _read_hf_tokenizer(directory, data)
@@ -678,6 +682,33 @@ def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
     chat template and special-token names (or chat_template.jinja's template, kept apart in
     newer downloads)."""
     path = directory / "tokenizer.json"
+    tok = _hf_tokenizer(path, data)
+    tok._hf_files["tokenizer.json"] = _read_text(path)
+    config_path = directory / "tokenizer_config.json"
+    if config_path.is_file():
+        tok._hf_files[config_path.name] = _read_text(config_path)
+        _configure(tok, _read_json(config_path))
+    jinja_path = directory / "chat_template.jinja"
+    if jinja_path.is_file():  # newer files keep the template apart; it wins, as in transformers
+        tok.chat_template = tok._hf_files[jinja_path.name] = _read_text(jinja_path)
+    return tok
+
+
+def _configure(tok: BPETokenizer, config: dict[str, Any]) -> None:
+    """The chat template and the special tokens' names of a tokenizer_config.json."""
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        template = {t.get("name"): t.get("template") for t in template}.get("default")
+    tok.chat_template = template
+    for name in _SPECIAL_TOKEN_NAMES:
+        value = config.get(name)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            tok.template_tokens[name] = value
+
+
+def _hf_tokenizer(path: Path, data: dict[str, Any]) -> BPETokenizer:
+    """A BPETokenizer from the parsed tokenizer.json `data` (path: where it came from)."""
 
     def refuse(field: str, value: Any, supported: str) -> ValueError:
         return ValueError(
@@ -747,23 +778,6 @@ def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
         )
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    tok._hf_files["tokenizer.json"] = _read_text(path)
-    config_path = directory / "tokenizer_config.json"
-    if config_path.is_file():
-        config = _read_json(config_path)
-        tok._hf_files[config_path.name] = _read_text(config_path)
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
-            template = {t.get("name"): t.get("template") for t in template}.get("default")
-        tok.chat_template = template
-        for name in _SPECIAL_TOKEN_NAMES:
-            value = config.get(name)
-            value = value.get("content") if isinstance(value, dict) else value
-            if isinstance(value, str):
-                tok.template_tokens[name] = value
-    jinja_path = directory / "chat_template.jinja"
-    if jinja_path.is_file():  # newer files keep the template apart; it wins, as in transformers
-        tok.chat_template = tok._hf_files[jinja_path.name] = _read_text(jinja_path)
     return tok
 
 
@@ -819,6 +833,178 @@ def _hf_post_processor(spec: Any, refuse: Callable[..., ValueError]) -> tuple[li
         ]
         return sum(ids[: where[0]], []), sum(ids[where[0] + 1 :], [])
     raise refuse("post_processor.type", spec.get("type"), "ByteLevel, TemplateProcessing, Sequence")
+
+
+# --- llama.cpp's GGUF files -----------------------------------------------------------------------
+# A GGUF file describes its tokenizer in metadata (tokenizer.ggml.*): the tokens, their types, the
+# merges, the special ids, and a pre-tokenizer by name, whose split patterns are llama.cpp's own
+# (src/llama-vocab.cpp, llm_tokenizer_bpe). Read here: the byte-level BPE ("gpt2") files, turned
+# into the tokenizer.json Hugging Face would write for them, so one reader parses both and save()
+# writes files that transformers and from_pretrained read back.
+
+# llama.cpp's GPT-2 pattern lacks the final |\s+ of GPT-2's, a difference that never shows: its
+# splitter keeps the text between matches as pieces, as Hugging Face's "Isolated" split does.
+_LLAMA_CPP_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA_CPP_LLAMA3 = (  # Llama 3's (?i:'s|...) spelled out, as llama.cpp has it
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|"
+    r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA_CPP_QWEN2 = _LLAMA_CPP_LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+
+# tokenizer.ggml.pre -> (the split patterns, applied in turn; ignore_merges; add_bos by default)
+GGUF_PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
+    "default": (
+        (r"[\p{P}\$\+<=>\^~\|]+", _LLAMA_CPP_GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
+        False,
+        False,
+    ),
+    **dict.fromkeys(["gpt-2", "phi-2"], ((_LLAMA_CPP_GPT2,), False, False)),
+    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe"], ((_LLAMA_CPP_LLAMA3,), True, True)),
+    **dict.fromkeys(["qwen2", "deepseek-r1-qwen"], ((_LLAMA_CPP_QWEN2,), False, False)),
+    # SmolLM2's: each digit alone, then GPT-2's pattern (transformers' GGUF reader drops the
+    # digits; llama.cpp and SmolLM2's own tokenizer.json keep them)
+    **dict.fromkeys(
+        ["smollm", "starcoder", "refact", "codeshell"], ((r"\p{N}", _LLAMA_CPP_GPT2), False, False)
+    ),
+}
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+
+
+def _gguf_metadata(path: Path) -> dict[str, Any]:
+    """The tokenizer.* key-values of a GGUF file, as Python values (via gguf.GGUFReader)."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ImportError(
+            f"reading {path} needs the gguf package (llama.cpp's reader): pip install gguf"
+        ) from None
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, KeyError, IndexError, OverflowError) as exc:
+        raise FileFormatError(
+            path, None, f"not a GGUF file the gguf package can read ({exc})"
+        ) from None
+    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+
+
+def _read_gguf_tokenizer(path: Path) -> BPETokenizer:
+    """A BPETokenizer from a GGUF file's metadata, by way of the tokenizer.json and
+    tokenizer_config.json it stands for (what save() then writes)."""
+    data, config = _gguf_to_hf(path, _gguf_metadata(path))
+    tok = _hf_tokenizer(path, data)
+    _configure(tok, config)
+    tok._hf_files = {
+        "tokenizer.json": json.dumps(data, ensure_ascii=False, indent=2) + "\n",
+        "tokenizer_config.json": json.dumps(config, ensure_ascii=False, indent=2) + "\n",
+    }
+    return tok
+
+
+def _gguf_to_hf(path: Path, meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """GGUF tokenizer metadata -> (tokenizer.json, tokenizer_config.json) as parsed dicts."""
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise FileFormatError(
+            path, "tokenizer.ggml.model", "is not supported (only 'gpt2': byte-level BPE)", model
+        )
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise FileFormatError(path, "tokenizer.ggml.tokens", "must be a list of strings")
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise FileFormatError(
+            path, "tokenizer.ggml.token_type", f"must have one entry per token ({len(tokens)})",
+            len(types),
+        )  # fmt: skip
+    pre = meta.get("tokenizer.ggml.pre", "default")  # llama.cpp's default when the key is absent
+    if pre not in GGUF_PRE_TOKENIZERS:
+        raise FileFormatError(
+            path, "tokenizer.ggml.pre",
+            f"is a pre-tokenizer glassgrad does not know (it knows {sorted(GGUF_PRE_TOKENIZERS)})",
+            pre,
+        )  # fmt: skip
+    patterns, ignore_merges, add_bos = GGUF_PRE_TOKENIZERS[pre]
+    added = [
+        {"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": kind == _GGUF_CONTROL}
+        for i, (token, kind) in enumerate(zip(tokens, types, strict=True))
+        if kind in (_GGUF_CONTROL, _GGUF_USER_DEFINED)
+    ]  # fmt: skip
+    special = {name: meta.get(f"tokenizer.ggml.{key}_token_id")
+               for name, key in [("bos_token", "bos"), ("eos_token", "eos"),
+                                 ("unk_token", "unknown"), ("pad_token", "padding")]}  # fmt: skip
+    for name, i in special.items():
+        if i is not None and not 0 <= i < len(tokens):
+            raise FileFormatError(path, f"tokenizer.ggml.{name}_id", "is not a token's id", i)
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", add_bos)
+    add_eos = meta.get("tokenizer.ggml.add_eos_token", False)
+    single = [{"Sequence": {"id": "A", "type_id": 0}}]
+    ends: dict[str, Any] = {}
+    for flag, name, where in [(add_bos, "bos_token", 0), (add_eos, "eos_token", len(single))]:
+        if flag:
+            if special[name] is None:
+                raise FileFormatError(path, f"tokenizer.ggml.add_{name}", f"is set with no {name}")
+            content = tokens[special[name]]
+            single.insert(where, {"SpecialToken": {"id": content, "type_id": 0}})
+            ends[content] = {"id": content, "ids": [special[name]], "tokens": [content]}
+    data = {
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                *(
+                    {
+                        "type": "Split",
+                        "pattern": {"Regex": p},
+                        "behavior": "Isolated",
+                        "invert": False,
+                    }
+                    for p in patterns
+                ),
+                {
+                    "type": "ByteLevel",
+                    "add_prefix_space": False,
+                    "trim_offsets": False,
+                    "use_regex": False,
+                },
+            ],
+        },  # fmt: skip
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": single,
+            "pair": single,
+            "special_tokens": ends,
+        },
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": False,
+            "use_regex": False,
+        },  # fmt: skip
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": ignore_merges,
+            "vocab": {token: i for i, token in enumerate(tokens)},
+            "merges": meta.get("tokenizer.ggml.merges", []),
+        },
+    }
+    config = {
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
+        **{name: tokens[i] for name, i in special.items() if i is not None},
+        "chat_template": meta.get("tokenizer.chat_template"),
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    return data, config
 
 
 # --- checkpoints ----------------------------------------------------------------------------------
