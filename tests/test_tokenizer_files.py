@@ -1,4 +1,5 @@
-"""Tokenizers as real files are: vocabularies with holes, read by BPETokenizer.
+"""Tokenizers as real files are: byte-level vocabularies with holes, the SentencePiece-style BPE
+of Llama 2 / TinyLlama / Mistral, and llama.cpp's GGUF files, read by BPETokenizer.
 
 The references were made once by tests/fixtures/tokenizers/make_fixtures.py with Hugging Face's
 `tokenizers` (ids of encode(text, add_special_tokens=False), decode with and without
@@ -17,7 +18,10 @@ from models.tokenizer import BPETokenizer, bytes_to_unicode
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tokenizers"
 REFERENCE = json.loads((FIXTURES / "reference.json").read_text(encoding="utf-8"))
 TEXTS = REFERENCE["texts"]
-NAMES = ["bytelevel_holes", "bytelevel_unk", "bytelevel_unk_fused"]
+BYTE_LEVEL = ["bytelevel_holes", "bytelevel_unk", "bytelevel_unk_fused"]
+# Llama 2's older pipeline (a Prepend + Replace normalizer), then Metaspace pre-tokenizers
+SENTENCEPIECE = ["sp_legacy", "sp_first", "sp_always_split", "sp_never_split"]
+NAMES = BYTE_LEVEL + SENTENCEPIECE
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +31,18 @@ def tokenizers():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_ids_and_text_equal_hugging_faces(tokenizers, name):
-    """Every text: the ids, and decode with and without skip_special_tokens."""
+    """Every text: the ids, and decode with and without skip_special_tokens (null in the
+    reference: the text itself). CJK, emoji, whitespace runs, added tokens, code, digits."""
     tok = tokenizers[name]
     cases = REFERENCE[name]
-    assert len(cases) == len(TEXTS) > 60
+    assert len(cases) == len(TEXTS) > 50
     wrong = [
         text
         for text, (ids, decoded, decoded_skip) in zip(TEXTS, cases, strict=True)
         if tok.encode(text, allowed_special="all") != ids
-        or tok.decode(ids) != decoded
-        or tok.decode(ids, skip_special_tokens=True) != decoded_skip
+        or tok.decode(ids) != (text if decoded is None else decoded)
+        or tok.decode(ids, skip_special_tokens=True)
+        != (text if decoded_skip is None else decoded_skip)
     ]
     assert not wrong
 
@@ -46,7 +52,7 @@ def test_a_lacking_byte_is_dropped_or_unk_and_merges_cross_it(tokenizers):
     and F0, the first byte of every emoji): without an unk token it drops it, and the symbols on
     either side merge as if it had never been there; with one, each lacking byte is <unk>, and
     with fuse_unk a run of them is one <unk>."""
-    holes, unk, fused = (tokenizers[name] for name in NAMES)
+    holes, unk, fused = (tokenizers[name] for name in BYTE_LEVEL)
     symbols = bytes_to_unicode()
     lacking = [b for b in range(256) if symbols[b] not in holes.vocab]
     assert len(lacking) == 25 and ord("q") in lacking and 0x04 in lacking
@@ -57,6 +63,45 @@ def test_a_lacking_byte_is_dropped_or_unk_and_merges_cross_it(tokenizers):
     assert fused.encode("maqqsk") == [fused.vocab["ma"], u, fused.vocab["s"], fused.vocab["k"]]
     emoji = holes.encode("🙂")  # F0 9F 99 82: the last three bytes stay
     assert holes.decode_bytes(emoji) == "🙂".encode()[1:]
+
+
+def test_sentencepiece_style_settings_are_hugging_faces(tokenizers):
+    """What the SentencePiece-style fixtures show of `tokenizers` (each checked against its
+    reference above): the older normalizer prepends '▁' to every part between added tokens,
+    even one that starts with a space; Metaspace 'first' only at the start of the text, 'always'
+    unless there is one already, 'never' not at all; a character the vocabulary lacks is its
+    bytes as <0x..> tokens, or <unk> when one of those is missing too (🙂 starts with F0); the
+    <unk> waits for the next known character, so byte tokens go before it."""
+    legacy, first, always, never = (tokenizers[name] for name in SENTENCEPIECE)
+
+    assert legacy.normalizer == (("Prepend", "▁"), ("Replace", " ", "▁"))
+    assert legacy.metaspace is None and first.metaspace.prepend_scheme == "first"
+    assert legacy.encode(" the") == [legacy.vocab["▁"], legacy.vocab["▁the"]]
+    assert always.encode(" the") == first.encode(" the") == [always.vocab["▁the"]]
+    t_he = [never.vocab["t"], never.vocab["he"]]
+    assert never.encode("the") == t_he
+    s = legacy.vocab["<s>"]
+    assert (
+        legacy.encode("<s>the", "all")
+        == always.encode("<s>the", "all")
+        == [s, legacy.vocab["▁the"]]
+    )
+    assert first.encode("<s>the", "all") == [s, *t_he]
+    assert legacy.encode("q") == [legacy.vocab["▁"], legacy.vocab["<0x71>"]]
+    u = legacy.vocab["<unk>"]
+    assert legacy.encode("🙂q🙂")[1:] == [legacy.vocab["<0x71>"], u]  # fused across the q
+    assert never.encode("🙂q🙂") == [never.vocab["<0x71>"], u, u]  # fuse_unk false
+    assert legacy.decode(legacy.encode("本 q")) == "本 q"
+    assert always.decode(always.encode("本")) == " <0xE6><0x9C><0xAC>"[1:]  # no ByteFallback
+
+
+def test_sentencepiece_decode_is_hugging_faces_on_cut_bytes(tokenizers):
+    """A run of <0x..> tokens that is not UTF-8 decodes to one U+FFFD per token, as Hugging
+    Face's ByteFallback decoder (Python's own decoding would give one for the run)."""
+    legacy = tokenizers["sp_legacy"]
+    ids = legacy.encode("本the")  # ▁ <0xE6> <0x9C> <0xAC> the
+    assert legacy.decode(ids[:3] + ids[4:]) == "\ufffd\ufffdthe"
+    assert legacy.decode_bytes(ids) == " 本the".encode()  # the bytes, before the decoder's Strip
 
 
 # --- GGUF files: the tokenizer of llama.cpp's metadata ------------------------------------------
@@ -128,7 +173,7 @@ def test_each_gguf_setting_changes_some_reference_ids(gguf_tokenizers):
         "tokenization tokenization, (tokenization)"
     ]
     assert wrong(llama, "llama-bpe", pre_tokenizer=qwen2.pre_tokenizer)
-    assert "café naïve Ünïcödé ß e\u0301 \u212b" in wrong(qwen2, "qwen2", normalizer="NFC")
+    assert "café naïve Ünïcödé ß e\u0301 \u212b" in wrong(qwen2, "qwen2", normalizer=[("NFC",)])
 
 
 def write_gguf(path, changes):
