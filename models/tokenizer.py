@@ -1213,8 +1213,11 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str | Path) -> None:
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
     """The tokenizer of a checkpoint or model directory: Hugging Face's tokenizer.json if there
-    is one, else GPT-2's vocab.json + merges.txt, else the character tokenizer's tokenizer.json."""
+    is one, else GPT-2's vocab.json + merges.txt, else the character tokenizer's tokenizer.json.
+    Or a .gguf file's (BPETokenizer.from_pretrained)."""
     directory = Path(directory)
+    if directory.suffix == ".gguf" and directory.is_file():
+        return BPETokenizer.from_pretrained(directory)
     data = _read_tokenizer_json(directory)
     if _is_hf(data):
         return _read_hf_tokenizer(directory, data)
