@@ -16,15 +16,18 @@ from models.decoder import Decoder, DecoderConfig
 from models.errors import FileFormatError
 from models.gpt import GPT, GPTConfig
 from models.hf import read_config
+from models.hub import resolve
 from models.llama import Llama
 from models.tokenizer import BPETokenizer, CharTokenizer
 
 FAMILIES = {"gpt2": GPT, "llama": Llama, "qwen2": Llama, "mistral": Llama}
 
 
-def from_pretrained(path: str | Path, dtype: Any = None) -> Decoder:
+def from_pretrained(path: str | Path, dtype: Any = None, revision: str | None = None) -> Decoder:
     """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
-    model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama. Weights in dtype (default float32)."""
+    model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama. Weights in dtype (default float32).
+    A hub name ("org/name", at `revision`) that is not a local path is fetched (models.hub)."""
+    path = resolve(path, revision)
     directory, config = read_config(path)
     model_type = config.get("model_type")
     if model_type not in FAMILIES:

@@ -29,6 +29,7 @@ import numpy as np
 import regex
 
 import nn
+from models import hub
 from models.chat_template import render_chat_template
 
 
@@ -516,11 +517,12 @@ class BPETokenizer:
         nn.save_text_atomic(directory / "merges.txt", "\n".join(lines) + "\n")
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> BPETokenizer:
+    def from_pretrained(cls, directory: str | Path, revision: str | None = None) -> BPETokenizer:
         """Load a tokenizer directory: Hugging Face's tokenizer.json (+ tokenizer_config.json,
         for the chat template) if it has one, else GPT-2's vocab.json + merges.txt (a directory
-        written by save, or GPT-2's own: a download of gpt2 has all three, which agree)."""
-        directory = Path(directory)
+        written by save, or GPT-2's own: a download of gpt2 has all three, which agree). A hub
+        name ("org/name", at `revision`) that is not a local path is fetched (models.hub)."""
+        directory = hub.resolve(directory, revision, hub.TOKENIZER_FILES)
         data = _read_tokenizer_json(directory)
         if _is_hf(data):
             return _read_hf_tokenizer(directory, data)
