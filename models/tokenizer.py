@@ -170,6 +170,38 @@ def _merge(parts: list[str], a: str, b: str) -> list[str]:
     return out
 
 
+# The merge loop above rescans the piece after each merge: quadratic in its length, fastest for
+# the short pieces a split pattern makes. Without one (Llama 2's older files: the whole text is
+# one piece), a piece longer than this goes to _merge_by_heap.
+_LONG_PIECE = 64
+
+
+def _merge_by_heap(parts: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """The same merges in O(n log n), as Hugging Face's Word.merge_all: a heap of (rank,
+    position) over the adjacent pairs, the symbols a linked list; an entry whose pair changed
+    since it was pushed is skipped. Lowest rank first, leftmost first among equals: GPT-2's
+    order, as the loop merges every occurrence of one pair left to right before the next."""
+    n = len(parts)
+    symbols: list[str | None] = list(parts)
+    after, before = list(range(1, n + 1)), list(range(-1, n - 1))  # n / -1: no neighbour
+    heap = [(ranks[pair], i) for i, pair in enumerate(pairwise(parts)) if pair in ranks]
+    heapq.heapify(heap)
+    while heap:
+        rank, i = heapq.heappop(heap)
+        j = after[i]
+        if symbols[i] is None or j == n or ranks.get((symbols[i], symbols[j])) != rank:
+            continue  # stale: one side was merged away since this entry was pushed
+        symbols[i], symbols[j] = symbols[i] + symbols[j], None
+        after[i] = after[j]
+        if after[i] < n:
+            before[after[i]] = i
+        for left in (before[i], i):  # the two new pairs around the merged symbol
+            right = after[left] if left >= 0 else n
+            if left >= 0 and right < n and (symbols[left], symbols[right]) in ranks:
+                heapq.heappush(heap, (ranks[symbols[left], symbols[right]], left))
+    return [symbol for symbol in symbols if symbol is not None]
+
+
 @dataclass(frozen=True)
 class AddedToken:
     """A token matched whole in the text before pre-tokenization, never split or merged.
@@ -490,6 +522,8 @@ class BPETokenizer:
             return ["".join(parts)]  # Llama 3: a piece that is a token is taken whole
         if not self._complete:
             parts = self._known(parts)
+        if len(parts) > _LONG_PIECE:  # a whole text, in SentencePiece's older files
+            return _merge_by_heap(parts, self._ranks)
         ranks, never = self._ranks, len(self._ranks)
         while len(parts) > 1:
             pair = min(pairwise(parts), key=lambda p: ranks.get(p, never))
