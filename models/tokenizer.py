@@ -7,10 +7,12 @@ the most frequent adjacent pair, so frequent words become single tokens and any 
 script, still has an encoding. BPETokenizer learns GPT-2's kind, reads GPT-2's vocab.json +
 merges.txt, and reads Hugging Face's tokenizer.json for the byte-level BPE models since (Llama 3,
 Qwen2, SmolLM2: their own split patterns, added tokens such as <|im_start|>), with the chat
-template of tokenizer_config.json (models.chat_template). A checkpoint directory holds one of
-them: the character `tokenizer.json`, GPT-2's two files or Hugging Face's `tokenizer.json`;
-save_tokenizer / load_tokenizer pick the right files, so a sampler decodes exactly the ids the
-model was trained on.
+template of tokenizer_config.json (models.chat_template); also the SentencePiece-style BPE over
+characters of Llama 2, TinyLlama and Mistral, and the tokenizer in a llama.cpp GGUF file's
+metadata. Each gives the ids of Hugging Face's `tokenizers` on the same file. A checkpoint
+directory holds one of them: the character `tokenizer.json`, GPT-2's two files or Hugging Face's
+`tokenizer.json`; save_tokenizer / load_tokenizer pick the right files, so a sampler decodes
+exactly the ids the model was trained on.
 """
 
 from __future__ import annotations
@@ -1122,7 +1124,12 @@ def _gguf_to_hf(path: Path, meta: dict[str, Any]) -> tuple[dict[str, Any], dict[
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise FileFormatError(
-            path, "tokenizer.ggml.model", "is not supported (only 'gpt2': byte-level BPE)", model
+            path,
+            "tokenizer.ggml.model",
+            "is not supported: glassgrad reads byte-level BPE ('gpt2') from GGUF files, not "
+            "'llama' (SentencePiece with scores) or others; transformers can convert the file "
+            "to a directory (AutoTokenizer.from_pretrained(dir, gguf_file=...).save_pretrained)",
+            model,
         )
     tokens = meta.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
