@@ -31,7 +31,7 @@ import numpy as np
 import regex
 
 import nn
-from models import hub
+from models import gguf, hub
 from models.chat_template import render_chat_template
 from models.errors import FileFormatError
 
@@ -1089,29 +1089,10 @@ GGUF_PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
 _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
 
 
-def _gguf_metadata(path: Path) -> dict[str, Any]:
-    """The tokenizer.* key-values of a GGUF file, as Python values (via gguf.GGUFReader)."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise ImportError(
-            f"reading {path} needs the gguf package (llama.cpp's reader): pip install gguf"
-        ) from None
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
-    try:
-        reader = GGUFReader(path)
-    except (ValueError, KeyError, IndexError, OverflowError) as exc:
-        raise FileFormatError(
-            path, None, f"not a GGUF file the gguf package can read ({exc})"
-        ) from None
-    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-
-
 def _read_gguf_tokenizer(path: Path) -> BPETokenizer:
     """A BPETokenizer from a GGUF file's metadata, by way of the tokenizer.json and
     tokenizer_config.json it stands for (what save() then writes)."""
-    data, config = _gguf_to_hf(path, _gguf_metadata(path))
+    data, config = _gguf_to_hf(path, gguf.read_metadata(path))
     tok = _hf_tokenizer(path, data)
     _configure(tok, config)
     tok._hf_files = {
