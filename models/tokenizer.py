@@ -296,7 +296,8 @@ class BPETokenizer:
         if unk_token is not None and unk_token not in vocab:
             raise ValueError(f"the unk token {unk_token!r} is not in the vocabulary")
         self.unk_token, self.fuse_unk = unk_token, fuse_unk
-        self._complete = all(t in vocab for t in _BYTE_TOKENS)  # no byte is ever unknown
+        # no symbol is ever unknown (byte-level, all 256 bytes); characters may always be
+        self._complete = byte_level and all(t in vocab for t in _BYTE_TOKENS)
         bad = {t: i for t, i in vocab.items() if type(i) is not int or i < 0}
         if bad:
             raise ValueError(f"ids must be non-negative integers: {list(bad.items())[:5]}")
@@ -313,8 +314,6 @@ class BPETokenizer:
         self.bos, self.eos = list(bos), list(eos)
         self.byte_level, self.metaspace, self.byte_fallback = byte_level, metaspace, byte_fallback
         self.decode_byte_tokens, self.strip = decode_byte_tokens, strip
-        if not byte_level:  # characters: any of them may be missing
-            self._complete = False
         self._ranks = {pair: rank for rank, pair in enumerate(self.merges)}
         self._patterns = [regex.compile(p) for p in self.pre_tokenizer]
         self._bytes: dict[int, bytes] = {}  # id -> the bytes it decodes to
