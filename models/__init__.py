@@ -15,24 +15,22 @@ from autograd import check_packages  # nn, imported by models.gpt, checks autogr
 from models.decoder import Decoder, DecoderConfig
 from models.errors import FileFormatError
 from models.gpt import GPT, GPTConfig
-from models.hf import read_config
+from models.hf import Fields, read_config
 from models.llama import Llama
 from models.tokenizer import BPETokenizer, CharTokenizer
 
 FAMILIES = {"gpt2": GPT, "llama": Llama, "qwen2": Llama, "mistral": Llama}
 
 
-def from_pretrained(path: str | Path, dtype: Any = None) -> Decoder:
+def from_pretrained(path: str | Path, dtype: Any = None, max_bytes: int | None = None) -> Decoder:
     """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
-    model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama. Weights in dtype (default float32)."""
+    model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama. Weights in dtype (default float32).
+
+    A malformed file is a FileFormatError naming it and the field; a model too large for the
+    memory available (or max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before allocating."""
     directory, config = read_config(path)
-    model_type = config.get("model_type")
-    if model_type not in FAMILIES:
-        raise ValueError(
-            f"{directory / 'config.json'}: model_type {model_type!r} is not supported (known: "
-            f"{', '.join(FAMILIES)})"
-        )
-    return FAMILIES[model_type].from_pretrained(path, dtype)
+    model_type = Fields(config, directory / "config.json").choice("model_type", tuple(FAMILIES))
+    return FAMILIES[model_type].from_pretrained(path, dtype, max_bytes)
 
 
 __all__ = [

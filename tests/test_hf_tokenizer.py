@@ -210,7 +210,7 @@ def test_llama_template_dates_today_without_date_string(tokenizers):
 def test_chat_template_errors_are_clear(tokenizers):
     with pytest.raises(ValueError, match="list of dicts"):
         render_chat_template("{{ messages }}", "Hi")
-    with pytest.raises(ValueError, match="chat template line 1: .*endfor"):
+    with pytest.raises(ValueError, match="chat template: line 1: .*endfor"):
         render_chat_template("{% for m in messages %}", [])
     bare = BPETokenizer.train("abc abd", vocab_size=260)
     with pytest.raises(ValueError, match="has no chat template"):
