@@ -206,8 +206,11 @@ def weight_files(directory: Path, path: Path) -> list[Path]:
     single file wins over an index). Shard names must be plain file names inside directory."""
     if path.is_file():
         return [path]
-    if (directory / WEIGHTS).is_file():
-        return [inside(directory, directory / WEIGHTS, directory / WEIGHTS, None)]
+    single = directory / WEIGHTS
+    if single.exists():
+        if not single.is_file():
+            raise FileFormatError(single, None, "is not a file")
+        return [inside(directory, single, single, None)]
     index = directory / INDEX
     if not index.is_file():
         raise FileNotFoundError(f"{directory} holds neither {WEIGHTS} nor {INDEX}")
@@ -217,14 +220,19 @@ def weight_files(directory: Path, path: Path) -> list[Path]:
     shards: dict[str, Path] = {}
     for tensor, name in weight_map.items():
         where = f"weight_map[{tensor!r}]"
-        if name in shards:
-            continue
         plain = type(name) is str and name not in ("", ".", "..")
         if not plain or any(sep in name for sep in ("/", "\\", os.sep, os.altsep) if sep):
             raise FileFormatError(index, where, "must be a plain file name in this directory", name)
+        if name in shards:
+            continue
         shard = inside(directory, directory / name, index, where)
         if not shard.is_file():
-            raise FileFormatError(index, where, "names a shard that is missing", name)
+            problem = (
+                "names a shard that is not a file"
+                if shard.exists()
+                else "names a shard that is missing"
+            )
+            raise FileFormatError(index, where, problem, name)
         shards[name] = shard
     return list(shards.values())
 
