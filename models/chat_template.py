@@ -42,7 +42,7 @@ def render_chat_template(
     add_generation_prompt: bool = False,
     tools: list[dict[str, Any]] | None = None,
     documents: list[dict[str, Any]] | None = None,
-    template_source: tuple[str | Path, str | None] = ("chat template", None),
+    template_source: tuple[str | Path, str | None] | None = None,
     **variables: Any,
 ) -> str:
     """The text of messages under template, as transformers' apply_chat_template(...,
@@ -52,8 +52,9 @@ def render_chat_template(
     Anything that goes wrong in the template (a syntax error, its raise_exception("..."), any
     exception while rendering, a render over its budget of MAX_ITERATIONS loop iterations or
     MAX_OUTPUT characters) is a models.FileFormatError naming template_source: (the file, the
-    field) the template came from, e.g. (".../tokenizer_config.json", "chat_template")."""
-    path, field = template_source
+    field) the template came from, e.g. (".../tokenizer_config.json", "chat_template"); by
+    default "chat template"."""
+    path, field = template_source or ("chat template", None)
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ValueError(
             "render_chat_template: messages must be a list of dicts such as "

@@ -30,6 +30,7 @@ import regex
 
 import nn
 from models.chat_template import render_chat_template
+from models.errors import FileFormatError
 
 
 class CharTokenizer:
@@ -269,6 +270,7 @@ class BPETokenizer:
         # names it may use (bos_token, eos_token, ...); from_pretrained fills them in.
         self.chat_template: str | None = None
         self.template_tokens: dict[str, str] = {}
+        self.chat_template_source: tuple[str, str | None] = ("chat template", None)  # file, field
         self._hf_files: dict[str, str] = {}  # Hugging Face's files as read: name -> text
 
     # --- learning -------------------------------------------------------------------------------
@@ -508,6 +510,7 @@ class BPETokenizer:
             template,
             messages,
             add_generation_prompt=add_generation_prompt,
+            template_source=None if chat_template else self.chat_template_source,
             **{**self.template_tokens, **variables},
         )
         return self.encode(text, allowed_special="all") if tokenize else text
@@ -547,6 +550,9 @@ class BPETokenizer:
         written by save, or GPT-2's own: a download of gpt2 has all three, which agree)."""
         directory = Path(directory)
         data = _read_tokenizer_json(directory)
+        if data is not None and not isinstance(data, dict):
+            path = directory / "tokenizer.json"
+            raise FileFormatError(path, None, "must hold a JSON object", type(data).__name__)
         if _is_hf(data):
             return _read_hf_tokenizer(directory, data)
         vocab_path, merges_path = directory / "vocab.json", directory / "merges.txt"
@@ -614,14 +620,15 @@ def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        problem = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+        raise FileFormatError(path, None, problem) from None
 
 
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(_read_text(path))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
+        raise FileFormatError(path, f"line {exc.lineno}", f"not valid JSON ({exc.msg})") from None
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
@@ -679,14 +686,15 @@ def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
     newer downloads)."""
     path = directory / "tokenizer.json"
 
-    def refuse(field: str, value: Any, supported: str) -> ValueError:
-        return ValueError(
-            f"{path}: {field} = {json.dumps(value)[:120]} is not supported ({supported})"
+    def refuse(field: str, value: Any, supported: str) -> FileFormatError:
+        return FileFormatError(
+            path, None, f"{field} = {json.dumps(value)[:120]} is not supported ({supported})"
         )
 
-    model = data.get("model")
-    if not isinstance(model, dict) or model.get("type") != "BPE":
-        raise refuse("model.type", (model or {}).get("type"), "byte-level 'BPE' only")
+    _check_tokenizer_json(data, path)
+    model = data["model"]
+    if model.get("type") != "BPE":
+        raise refuse("model.type", model.get("type"), "byte-level 'BPE' only")
     for field, allowed in [
         ("dropout", (None, 0, 0.0)),
         ("continuing_subword_prefix", (None, "")),
@@ -697,22 +705,24 @@ def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
             raise refuse(f"model.{field}", model[field], f"only {allowed[0]!r}")
     vocab = model.get("vocab")
     if not isinstance(vocab, dict):
-        raise ValueError(f"{path}: model.vocab must be an object of token -> id")
+        raise FileFormatError(path, None, "model.vocab must be an object of token -> id")
     merges = []
     for i, merge in enumerate(model.get("merges", [])):
         pair = tuple(merge.split(" ")) if isinstance(merge, str) else tuple(merge)
         if len(pair) != 2 or not all(isinstance(p, str) and p for p in pair):
-            raise ValueError(f"{path}: model.merges[{i}] = {merge!r} is not a pair of tokens")
+            problem = f"model.merges[{i}] = {merge!r} is not a pair of tokens"
+            raise FileFormatError(path, None, problem)
         for token in (*pair, pair[0] + pair[1]):
             if token not in vocab:
-                raise ValueError(
-                    f"{path}: model.merges[{i}] {merge!r}: {token!r} is not in the vocab"
-                )
+                problem = f"model.merges[{i}] {merge!r}: {token!r} is not in the vocab"
+                raise FileFormatError(path, None, problem)
         merges.append(pair)
     added = []
     for i, entry in enumerate(data.get("added_tokens") or []):
         if not isinstance(entry.get("content"), str) or type(entry.get("id")) is not int:
-            raise ValueError(f"{path}: added_tokens[{i}] needs a string content and an int id")
+            raise FileFormatError(
+                path, None, f"added_tokens[{i}] needs a string content and an int id"
+            )
         for flag in ("single_word", "lstrip", "rstrip"):
             if entry.get(flag):
                 raise refuse(f"added_tokens[{i}].{flag} ({entry['content']!r})", True, "false only")
@@ -729,9 +739,13 @@ def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
     if set(kinds) - {"NFC"}:
         raise refuse("normalizer", normalizer, "none or NFC")
     patterns = _hf_pre_tokenizer(data.get("pre_tokenizer"), refuse)
-    if (data.get("decoder") or {}).get("type") != "ByteLevel":
+    if not isinstance(data.get("decoder"), dict) or data["decoder"].get("type") != "ByteLevel":
         raise refuse("decoder", data.get("decoder"), "ByteLevel")
-    bos, eos = _hf_post_processor(data.get("post_processor"), refuse)
+    try:
+        bos, eos = _hf_post_processor(data.get("post_processor"), refuse)
+    except (KeyError, IndexError, TypeError, AttributeError):  # a malformed TemplateProcessing
+        spec = data.get("post_processor")
+        raise refuse("post_processor", spec, "a well-formed post_processor") from None
     try:
         tok = BPETokenizer(
             vocab,
@@ -746,25 +760,121 @@ def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
             eos=eos,
         )
     except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        raise FileFormatError(path, None, str(exc)) from None
     tok._hf_files["tokenizer.json"] = _read_text(path)
     config_path = directory / "tokenizer_config.json"
     if config_path.is_file():
         config = _read_json(config_path)
         tok._hf_files[config_path.name] = _read_text(config_path)
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
-            template = {t.get("name"): t.get("template") for t in template}.get("default")
-        tok.chat_template = template
-        for name in _SPECIAL_TOKEN_NAMES:
-            value = config.get(name)
-            value = value.get("content") if isinstance(value, dict) else value
-            if isinstance(value, str):
-                tok.template_tokens[name] = value
+        tok.chat_template, tok.template_tokens = _check_tokenizer_config(config, config_path)
+        tok.chat_template_source = (str(config_path), "chat_template")
     jinja_path = directory / "chat_template.jinja"
     if jinja_path.is_file():  # newer files keep the template apart; it wins, as in transformers
         tok.chat_template = tok._hf_files[jinja_path.name] = _read_text(jinja_path)
+        tok.chat_template_source = (str(jinja_path), None)
     return tok
+
+
+def _check_tokenizer_config(config: Any, path: Path) -> tuple[str | None, dict[str, str]]:
+    """tokenizer_config.json's chat template (a string, or named templates [{"name": ...,
+    "template": ...}] of which "default" is used) and special tokens' names (bos_token: a
+    string, or {"content": ...}), each checked; anything else is a FileFormatError."""
+    if not isinstance(config, dict):
+        raise FileFormatError(path, None, "must hold a JSON object", type(config).__name__)
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates
+        named = {}
+        for i, entry in enumerate(template):
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("template"), str)
+            ):
+                raise FileFormatError(
+                    path, f"chat_template[{i}]", 'must be {"name": str, "template": str}', entry
+                )
+            named[entry["name"]] = entry["template"]
+        template = named.get("default")
+    elif template is not None and not isinstance(template, str):
+        raise FileFormatError(
+            path, "chat_template", "must be a string (a Jinja template)", template
+        )
+    tokens = {}
+    for name in _SPECIAL_TOKEN_NAMES:
+        value = config.get(name)
+        value = value.get("content") if isinstance(value, dict) else value
+        if value is not None and not isinstance(value, str):
+            raise FileFormatError(path, name, 'must be a string or {"content": str}', config[name])
+        if value is not None:
+            tokens[name] = value
+    return template, tokens
+
+
+def _check_tokenizer_json(data: dict[str, Any], path: Path) -> None:
+    """tokenizer.json's structure, checked before anything is built from it: each part the
+    type Hugging Face's tokenizers requires, with what it refuses refused here too (merges that
+    are not a list, an added token with empty content or a negative id, an invalid regex)."""
+
+    def bad(field: str, problem: str, value: Any) -> FileFormatError:
+        return FileFormatError(path, field, problem, value)
+
+    model = data.get("model")
+    if not isinstance(model, dict):
+        raise bad("model", "must be an object", model)
+    vocab = model.get("vocab")
+    for token, i in vocab.items() if isinstance(vocab, dict) else ():
+        if type(i) is int and i >= 2**32:  # (the tokenizer refuses other non-ids itself)
+            raise bad(f"model.vocab[{token!r}]", "must be an id below 2**32", i)
+    merges = model.get("merges", [])
+    if not isinstance(merges, list):
+        raise bad("model.merges", "must be a list", merges)
+    for i, merge in enumerate(merges):
+        if not isinstance(merge, (str, list)):
+            raise bad(f"model.merges[{i}]", 'must be "left right" or [left, right]', merge)
+    for key in ("ignore_merges", "fuse_unk"):
+        if model.get(key) is not None and type(model[key]) is not bool:
+            raise bad(f"model.{key}", "must be true or false", model[key])
+    if model.get("unk_token") is not None and not isinstance(model["unk_token"], str):
+        raise bad("model.unk_token", "must be a string", model["unk_token"])
+    added = data.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise bad("added_tokens", "must be a list", added)
+    for i, entry in enumerate(added):
+        if not isinstance(entry, dict):
+            raise bad(f"added_tokens[{i}]", "must be an object", entry)
+        if entry.get("content") == "":
+            raise bad(f"added_tokens[{i}].content", "must not be empty", "")
+        if type(entry.get("id")) is int and not 0 <= entry["id"] < 2**32:
+            raise bad(f"added_tokens[{i}].id", "must be an id in [0, 2**32)", entry["id"])
+        for flag in ("special", "normalized", "single_word", "lstrip", "rstrip"):
+            if entry.get(flag) is not None and type(entry[flag]) is not bool:
+                raise bad(f"added_tokens[{i}].{flag}", "must be true or false", entry[flag])
+    normalizer = data.get("normalizer") or {}
+    if not isinstance(normalizer, dict):
+        raise bad("normalizer", "must be an object or null", normalizer)
+    steps = normalizer.get("normalizers", [normalizer])
+    if not isinstance(steps, list) or not all(isinstance(n, dict) for n in steps):
+        raise bad("normalizer.normalizers", "must be a list of objects", steps)
+    spec = data.get("pre_tokenizer")
+    sequence = isinstance(spec, dict) and spec.get("type") == "Sequence"
+    steps = spec.get("pretokenizers", []) if sequence else [spec]
+    if not isinstance(steps, list):
+        raise bad("pre_tokenizer.pretokenizers", "must be a list", steps)
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict) or step.get("type") != "Split":
+            continue  # (the reader refuses what it does not know by name)
+        pattern = step.get("pattern")
+        where = f"pre_tokenizer.pretokenizers[{i}].pattern"
+        if not isinstance(pattern, dict) or not any(
+            isinstance(pattern.get(k), str) for k in ("Regex", "String")
+        ):
+            raise bad(where, 'must be {"Regex": str} or {"String": str}', pattern)
+        if isinstance(pattern.get("Regex"), str):
+            try:
+                regex.compile(pattern["Regex"])
+            except regex.error as exc:
+                problem = f"is not a valid regex ({exc})"
+                raise bad(f"{where}.Regex", problem, pattern["Regex"]) from None
 
 
 def _hf_pre_tokenizer(spec: Any, refuse: Callable[..., ValueError]) -> list[str]:

@@ -297,7 +297,7 @@ def test_malformed_merges_name_file_and_line(tmp_path, merges, message):
 def test_malformed_vocab_names_file_and_line(tmp_path):
     gpt2_directory(tmp_path)
     (tmp_path / "vocab.json").write_text('{\n  "!": 0,\n  "a" 1\n}', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"vocab.json line 3: not valid JSON"):
+    with pytest.raises(ValueError, match=r"vocab.json: line 3: not valid JSON"):
         BPETokenizer.from_pretrained(tmp_path)
     (tmp_path / "vocab.json").write_text("[1, 2]", encoding="utf-8")
     with pytest.raises(ValueError, match=r"vocab.json: expected a JSON object"):
