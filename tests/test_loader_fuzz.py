@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import models
 import nn
-from models.chat_template import MAX_OUTPUT
+from models import chat_template
 from models.tokenizer import BPETokenizer
 
 HF = Path(__file__).resolve().parent / "fixtures" / "hf"
@@ -111,8 +111,11 @@ def originals():
 
 
 @pytest.fixture(autouse=True)
-def _memory_limit(monkeypatch):
+def _limits(monkeypatch):
+    """The loader's memory limit, and a smaller render budget (the same code, reached sooner)."""
     monkeypatch.setenv("GLASSGRAD_MAX_LOAD_BYTES", str(LIMIT))
+    monkeypatch.setattr(chat_template, "MAX_ITERATIONS", 20_000)
+    monkeypatch.setattr(chat_template, "MAX_OUTPUT", 200_000)
 
 
 @contextlib.contextmanager
@@ -604,6 +607,6 @@ def test_chat_templates_from_strangers(tokenizers, data):
 
         text, error = outcome(directory, render)
         if error is None:
-            assert isinstance(text, str) and len(text) <= MAX_OUTPUT
+            assert isinstance(text, str) and len(text) <= chat_template.MAX_OUTPUT
         else:
             assert_names_file(error, directory, ["tokenizer_config.json"])
