@@ -26,6 +26,7 @@ per token instead of re-running the whole O(T^2) prefix.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,6 +167,7 @@ class Decoder(nn.Module):
     names: dict[str, str] = {}  # role -> the family's name; {} = GPT-2's names
     layout = "gpt2"  # the blocks' names and q/k/v projections (nn.Attention)
     linear_weights_transposed = False  # does the family's file store Linear weights (out, in)?
+    hf_layer_field = "n_layer"  # config.json's name for the number of blocks
 
     def __init__(self, config: DecoderConfig, rng: np.random.Generator | None = None) -> None:
         super().__init__()
@@ -417,17 +419,18 @@ class Decoder(nn.Module):
             return set()
         return {f"{name}.weight" for name, m in self.named_modules() if isinstance(m, nn.Linear)}
 
-    def load_hf_files(self, files: list[Path], dtype: Any, whole: Path) -> None:
-        """Load the weights of the family's safetensors files: every header is checked against
-        the model first (each tensor a parameter, once, floating-point, in the config's shape;
-        no parameter missing from `whole`, the file or index that lists them) and only then are
-        the tensors read, one at a time, converted to dtype and (Llama) transposed to (in, out)."""
+    def load_hf_files(self, headers: list[nn.SafetensorsHeader], dtype: Any, whole: Path) -> None:
+        """Load the weights of the family's safetensors files (their headers, hf.read_header):
+        every header is checked against the model first (each tensor a parameter, once,
+        floating-point, in the config's shape; no parameter missing from `whole`, the file or
+        index that lists them) and only then are the tensors read, one at a time, converted to
+        dtype and (Llama) transposed to (in, out)."""
         params = dict(self.named_parameters())
         transposed = self.transposed_in_files()
         where: dict[str, Path] = {}  # parameter -> the file holding it
         plan = []
-        for file in files:
-            header, names = hf.read_header(file), []
+        for header in headers:
+            file, names = header.path, []
             for hf_name, (kind, shape, _) in header.tensors.items():
                 name = self.hf_name(hf_name)
                 if name is None:
@@ -497,12 +500,25 @@ class Decoder(nn.Module):
         dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
         source = directory / "config.json"
         settings = cls.config_from_hf(config, str(source))
-        hf.check_memory(source, settings.parameter_count(), dtype, max_bytes)
+        need = settings.parameter_count()
+        hf.check_memory(source, need, dtype, max_bytes)
         files = hf.weight_files(directory, path)
-        model = cls(settings, _NoInit())
         whole = files[0] if len(files) == 1 else directory / hf.INDEX
-        model.load_hf_files(files, dtype, whole)  # every tensor, in dtype
+        headers = [hf.read_header(file) for file in files]
+        layers = {int(m[1]) for h in headers for name in h.tensors if (m := _LAYER.search(name))}
+        if settings.n_layer > len(layers):  # refused before building layers the files lack
+            raise FileFormatError(
+                whole,
+                None,
+                f"holds {len(layers)} layers, config.json's {cls.hf_layer_field} is "
+                f"{settings.n_layer}",
+            )
+        model = cls(settings, _NoInit())
+        model.load_hf_files(headers, dtype, whole)  # every tensor, in dtype
         return model
+
+
+_LAYER = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")  # a block's tensors, GPT-2's or Llama's
 
 
 class _NoInit:

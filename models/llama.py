@@ -129,6 +129,7 @@ class Llama(Decoder):
     names = NAMES
     layout = "llama"
     linear_weights_transposed = True  # torch's nn.Linear stores (out, in)
+    hf_layer_field = "num_hidden_layers"
 
     @classmethod
     def config_from_hf(cls, config: dict[str, Any], source: str) -> DecoderConfig:

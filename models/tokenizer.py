@@ -31,6 +31,7 @@ import regex
 import nn
 from models.chat_template import render_chat_template
 from models.errors import FileFormatError
+from models.hf import inside
 
 
 class CharTokenizer:
@@ -617,6 +618,7 @@ def _isolated(pattern: regex.Pattern, text: str) -> list[str]:
 
 
 def _read_text(path: Path) -> str:
+    inside(path.parent, path, path, None)  # a link out of the directory is not followed
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

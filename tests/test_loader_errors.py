@@ -218,16 +218,15 @@ def test_a_missing_tensor_names_the_file_or_the_index(tmp_path):
 
 
 def test_a_huge_tensor_in_a_header_is_refused_before_any_allocation(tmp_path):
-    """A header declaring a 6.4 GB tensor (the file really that long, sparse): refused by its
-    name and shape, before a byte of it is read."""
-    directory = copy(tmp_path, "llama")
-    path = directory / "model.safetensors"
-    header, n = {"model.embed_tokens.weight": {"dtype": "F32", "shape": [40000, 40000]}}, 6.4e9
-    header["model.embed_tokens.weight"]["data_offsets"] = [0, int(n)]
-    encoded = json.dumps(header).encode()
+    """A shard whose header declares a 6.4 GB tensor (the file really that long, sparse):
+    refused by its name and shape, before a byte of it is read."""
+    directory = copy(tmp_path, "mistral")
+    path = directory / "model-00001-of-00003.safetensors"
+    entry = {"dtype": "F32", "shape": [40000, 40000], "data_offsets": [0, 6_400_000_000]}
+    encoded = json.dumps({"model.embed_tokens.weight": entry}).encode()
     with open(path, "wb") as f:
         f.write(len(encoded).to_bytes(8, "little") + encoded)
-        f.truncate(8 + len(encoded) + int(n))
+        f.truncate(8 + len(encoded) + 6_400_000_000)
     tracemalloc.start()
     try:
         with pytest.raises(models.FileFormatError, match=r"has shape \(40000, 40000\), the conf"):
@@ -235,6 +234,13 @@ def test_a_huge_tensor_in_a_header_is_refused_before_any_allocation(tmp_path):
         assert tracemalloc.get_traced_memory()[1] < 16 * 2**20
     finally:
         tracemalloc.stop()
+
+
+def test_a_config_with_more_layers_than_its_files_is_refused_before_building(tmp_path):
+    directory = copy(tmp_path, "llama")
+    edit_json(directory / "config.json", num_hidden_layers=100_000)
+    with pytest.raises(models.FileFormatError, match=r"model.safetensors: holds 2 layers, conf"):
+        models.from_pretrained(directory)
 
 
 def tokenizer_copy(tmp_path: Path, change) -> Path:
