@@ -296,7 +296,7 @@ LOADER_INPUTS = [  # (what, call, error, pattern): every one a FileFormatError n
     ("a shard: a tensor missing", lambda t: _shard(t, "model.norm.weight"), FileFormatError,
      r"model.safetensors: the checkpoint lacks model.norm.weight"),
     ("a shard: a header claiming 6.4 GB", _huge_header, FileFormatError,
-     r"has shape \(40000, 40000\), the config gives \(512, 16\)"),
+     r"has shape \(40000, 40000\), the config gives \(128, 32\)"),
     ("tokenizer.json: merges not a list", lambda t: _tokenizer(t, lambda d: d["model"].update(
      merges=5)), FileFormatError, r"tokenizer.json: model.merges: must be a list, got 5"),
     ("tokenizer.json: a negative added token id", lambda t: _tokenizer(t, lambda d: d[
