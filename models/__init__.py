@@ -24,10 +24,16 @@ FAMILIES = {"gpt2": GPT, "llama": Llama, "qwen2": Llama, "mistral": Llama}
 
 def from_pretrained(path: str | Path, dtype: Any = None, max_bytes: int | None = None) -> Decoder:
     """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
-    model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama. Weights in dtype (default float32).
+    model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama; or of a llama.cpp GGUF file (a
+    path ending in .gguf: models.gguf, which needs the gguf package). Weights in dtype (default
+    float32).
 
     A malformed file is a FileFormatError naming it and the field; a model too large for the
     memory available (or max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before allocating."""
+    if str(path).lower().endswith(".gguf"):
+        from models import gguf  # the optional gguf package is imported only for GGUF files
+
+        return gguf.load(path, dtype, max_bytes)
     directory, config = read_config(path)
     model_type = Fields(config, directory / "config.json").choice("model_type", tuple(FAMILIES))
     return FAMILIES[model_type].from_pretrained(path, dtype, max_bytes)

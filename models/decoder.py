@@ -465,11 +465,39 @@ class Decoder(nn.Module):
             raise FileFormatError(
                 whole, None, f"the checkpoint lacks {', '.join(missing)} ({self.describe()})"
             )
-        for header, names in plan:
-            for hf_name, array in hf.read_tensors(header, names):
-                name = self.hf_name(hf_name)
-                array = array.T if name in transposed else array
-                params[name].data = np.ascontiguousarray(array, dtype=dtype)
+        self.load_hf_tensors(
+            (
+                (str(h.path), name, array)
+                for h, names in plan
+                for name, array in hf.read_tensors(h, names)
+            ),
+            dtype,
+        )
+
+    def load_hf_tensors(self, tensors: Iterator[tuple[str, str, np.ndarray]], dtype: Any) -> None:
+        """Copy (file, name, array) one at a time into the parameters, converting to dtype and
+        (Llama) transposing Linear weights to (in, out); every parameter must be found once
+        (load_hf_files checks safetensors headers first; models.gguf its own tensors)."""
+        params = dict(self.named_parameters())
+        transposed = self.transposed_in_files()
+        loaded = set()
+        for source, hf_name, array in tensors:
+            name = self.hf_name(hf_name)
+            if name is None:
+                continue
+            if name not in params:
+                problem = f"tensor {hf_name!r} is not a parameter of {self.describe()}"
+                raise FileFormatError(source, None, problem)
+            expected = params[name].shape[::-1] if name in transposed else params[name].shape
+            if array.shape != expected:
+                problem = f"tensor {hf_name!r} has shape {array.shape}, the config gives {expected}"
+                raise FileFormatError(source, None, problem)
+            array = array.T if name in transposed else array
+            params[name].data = np.ascontiguousarray(array, dtype=dtype)
+            loaded.add(name)
+        missing = [name for name in params if name not in loaded]
+        if missing:
+            raise ValueError(f"{self.describe()}: the checkpoint lacks {', '.join(missing)}")
 
     def hf_tensors(self) -> dict[str, np.ndarray]:
         """name -> array as the family's files store it."""
