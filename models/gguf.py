@@ -57,11 +57,18 @@ def read_metadata(source: str | Path | Any) -> dict[str, Any]:
     path or an open reader (open_reader). The reader's pseudo-keys for the header's own counts
     (GGUF.version, GGUF.tensor_count, GGUF.kv_count) are left out."""
     reader = source if hasattr(source, "fields") else open_reader(source)
+    path = getattr(reader.data, "filename", None) or source
     # ReaderField.contents() turns the reader's numpy parts into Python values (numpy scalars
-    # become int/float/bool via tolist, strings are decoded as UTF-8)
-    return {
-        key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")
-    }
+    # become int/float/bool via tolist, strings are decoded as UTF-8: a stranger's may not be)
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            meta[key] = field.contents()
+        except (ValueError, IndexError, OverflowError) as exc:  # UnicodeDecodeError included
+            raise FileFormatError(path, key, f"cannot be read ({exc})") from None
+    return meta
 
 
 # --- tensors ----------------------------------------------------------------------------------

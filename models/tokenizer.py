@@ -1167,22 +1167,10 @@ _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
 
 
 def _gguf_metadata(path: Path) -> dict[str, Any]:
-    """The tokenizer.* key-values of a GGUF file, as Python values (via gguf.GGUFReader)."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise ImportError(
-            f"reading {path} needs the gguf package (llama.cpp's reader): pip install gguf"
-        ) from None
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
-    try:
-        reader = GGUFReader(path)
-    except (ValueError, KeyError, IndexError, OverflowError) as exc:
-        raise FileFormatError(
-            path, None, f"not a GGUF file the gguf package can read ({exc})"
-        ) from None
-    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    """The tokenizer.* key-values of a GGUF file, as Python values (models.gguf's reader)."""
+    from models import gguf  # the optional gguf package is imported only for GGUF files
+
+    return {k: v for k, v in gguf.read_metadata(path).items() if k.startswith("tokenizer.")}
 
 
 def _read_gguf_tokenizer(path: Path) -> BPETokenizer:

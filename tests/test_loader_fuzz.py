@@ -610,3 +610,59 @@ def test_chat_templates_from_strangers(tokenizers, data):
             assert isinstance(text, str) and len(text) <= chat_template.MAX_OUTPUT
         else:
             assert_names_file(error, directory, ["tokenizer_config.json"])
+
+
+# --- GGUF files: the metadata corrupted ----------------------------------------------------------
+
+GGUF = HF.parent / "gguf"
+GGUF_TOKENIZERS = HF.parent / "tokenizers" / "gguf"
+GGUF_COUNTS = ["block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+               "attention.head_count_kv", "context_length"]  # fmt: skip
+
+
+def gguf_value(path: Path, key: str) -> tuple[int, int]:
+    """(offset, size) in the file of a metadata key's value (a scalar)."""
+    gguf = pytest.importorskip("gguf")
+    reader = gguf.GGUFReader(path)
+    field = reader.fields[key]
+    part = field.parts[field.data[0]]
+    offset = part.ctypes.data - reader.data.ctypes.data
+    del reader  # the memory map closes before the file is written
+    return offset, part.nbytes
+
+
+@given(data=st.data())
+def test_gguf_files_with_corrupted_metadata(data):
+    pytest.importorskip("gguf")
+    files = [GGUF / "llama-F32.gguf", GGUF / "qwen2-F16.gguf", *GGUF_TOKENIZERS.glob("*.gguf")]
+    source = data.draw(st.sampled_from(sorted(files)), "file")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / source.name
+        raw = bytearray(source.read_bytes())
+        how = data.draw(st.sampled_from(["flip", "truncate", "value"]), "how")
+        if how == "flip":  # bytes of the header and metadata (the tensors' data come later)
+            for _ in range(data.draw(st.integers(1, 3), "flips")):
+                raw[data.draw(st.integers(0, 4000), "byte") % len(raw)] ^= data.draw(
+                    st.integers(1, 255), "xor"
+                )
+        elif how == "truncate":
+            raw = raw[: data.draw(st.integers(0, len(raw) - 1), "length")]
+        else:
+            arch = "qwen2" if "qwen2" in source.name else "llama"
+            keys = [f"{arch}.{k}" for k in GGUF_COUNTS] if "tokenizers" not in str(source) else [
+                "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"]  # fmt: skip
+            key = data.draw(st.sampled_from(keys), "key")
+            path.write_bytes(bytes(raw))
+            try:
+                offset, size = gguf_value(path, key)
+            except KeyError:
+                return  # this file has no such key
+            value = data.draw(st.sampled_from([0, 2**32 - 1, 3, 2**31]), "value")
+            raw[offset : offset + size] = value.to_bytes(8, "little")[:size]
+        path.write_bytes(bytes(raw))
+        load = (
+            BPETokenizer.from_pretrained if "tokenizers" in str(source) else models.from_pretrained
+        )
+        _, error = outcome(path.parent, lambda: load(path))
+        if error is not None:
+            assert str(path) in str(error), str(error)
