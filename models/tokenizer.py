@@ -685,7 +685,7 @@ class BPETokenizer:
         try:
             return cls(vocab, merges)
         except ValueError as exc:
-            raise ValueError(f"{vocab_path}: {exc}") from None
+            raise FileFormatError(vocab_path, None, str(exc)) from None
 
     def __repr__(self) -> str:
         return (
@@ -759,7 +759,7 @@ def _read_json(path: Path) -> Any:
 def _read_vocab(path: Path) -> dict[str, int]:
     vocab = _read_json(path)
     if not isinstance(vocab, dict):
-        raise ValueError(f"{path}: expected a JSON object of token -> id")
+        raise FileFormatError(path, None, "expected a JSON object of token -> id")
     return vocab
 
 
@@ -767,20 +767,20 @@ def _read_merges(path: Path, vocab: dict[str, int]) -> list[tuple[str, str]]:
     """The merges of a merges.txt, each line checked against the vocabulary."""
     lines = _read_text(path).split("\n")
     if not lines[0].startswith("#version"):
-        raise ValueError(f"{path} line 1: expected the header {MERGES_HEADER!r}, got {lines[0]!r}")
+        raise FileFormatError(path, "line 1", f"expected the header {MERGES_HEADER!r}", lines[0])
     if lines[-1] == "":
         lines.pop()  # the newline that ends the last line
     merges: dict[tuple[str, str], int] = {}  # pair -> line number
     for number, line in enumerate(lines[1:], start=2):
         pair = tuple(line.removesuffix("\r").split(" "))
         if len(pair) != 2 or not all(pair):
-            raise ValueError(f"{path} line {number}: expected 'left right', got {line!r}")
-        where = f"{path} line {number} ({line!r})"
+            raise FileFormatError(path, f"line {number}", "expected 'left right'", line)
+        where = f"line {number} ({line!r})"
         for token in (*pair, pair[0] + pair[1]):
             if token not in vocab:
-                raise ValueError(f"{where}: {token!r} is not in vocab.json")
+                raise FileFormatError(path, where, f"{token!r} is not in vocab.json")
         if pair in merges:
-            raise ValueError(f"{where}: repeats line {merges[pair]}")
+            raise FileFormatError(path, where, f"repeats line {merges[pair]}")
         merges[pair] = number
     return list(merges)
 

@@ -280,11 +280,11 @@ def test_missing_files_are_named(tmp_path):
 @pytest.mark.parametrize(
     ("merges", "message"),
     [
-        ("Ġ t\nh e\n", r"merges.txt line 1: expected the header '#version: 0.2', got 'Ġ t'"),
-        ("#version: 0.2\nĠ t\nh e x\n", r"merges.txt line 3: expected 'left right', got 'h e x'"),
-        ("#version: 0.2\nĠ t\n\nh e\n", r"merges.txt line 3: expected 'left right', got ''"),
-        ("#version: 0.2\nĠ t\nq z\n", r"merges.txt line 3 \('q z'\): 'qz' is not in vocab.json"),
-        ("#version: 0.2\nĠ t\nĠ t\n", r"merges.txt line 3 \('Ġ t'\): repeats line 2"),
+        ("Ġ t\nh e\n", r"merges.txt: line 1: expected the header '#version: 0.2', got 'Ġ t'"),
+        ("#version: 0.2\nĠ t\nh e x\n", r"merges.txt: line 3: expected 'left right', got 'h e x'"),
+        ("#version: 0.2\nĠ t\n\nh e\n", r"merges.txt: line 3: expected 'left right', got ''"),
+        ("#version: 0.2\nĠ t\nq z\n", r"merges.txt: line 3 \('q z'\): 'qz' is not in vocab.json"),
+        ("#version: 0.2\nĠ t\nĠ t\n", r"merges.txt: line 3 \('Ġ t'\): repeats line 2"),
     ],
 )
 def test_malformed_merges_name_file_and_line(tmp_path, merges, message):
