@@ -336,9 +336,11 @@ def load(path: str | Path, dtype: Any = None) -> Any:
     path = Path(path)
     dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
     reader = open_reader(path)
-    meta = read_metadata(reader)
     tensors = {t.name: t for t in reader.tensors}
-    config = hf_config(meta, set(tensors), path)
+    config = hf_config(read_metadata(reader), set(tensors), path)
+    # The reader keeps every metadata string as numpy arrays of its own (SmolLM2's 49152 tokens
+    # and 48900 merges: ~170 MB); the model needs none of it, so free it before the weights come.
+    reader.fields.clear()
     model = Llama(Llama.config_from_hf(config, str(path)), _NoInit())
     expected = _expected_tensors(model, path)
     _check_tensors(expected, tensors, path, config["model_type"])
