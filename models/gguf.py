@@ -321,6 +321,12 @@ def _check_rope_scaling(meta: dict[str, Any], p: str, tensor_names: set[str], pa
         )
 
 
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The Hugging Face config a GGUF file stands for (hf_config), without reading its weights."""
+    reader = open_reader(path)
+    return hf_config(read_metadata(reader), {t.name for t in reader.tensors}, path)
+
+
 def load(path: str | Path, dtype: Any = None) -> Any:
     """The model of a GGUF file, weights in dtype (default: the default float dtype, float32).
 
