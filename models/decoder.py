@@ -92,8 +92,11 @@ class DecoderConfig:
             self.head_dim = self.n_embd // self.n_head
         for key in ("n_kv_head", "head_dim", "ffn_hidden"):
             value = getattr(self, key)
-            if value is not None and (type(value) is not int or value < 1):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name}: {key} must be None or a positive integer, got {value!r}")
+            setattr(self, key, int(value))
         self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
         if self.n_head % self.n_kv_head:
             raise ValueError(f"{name}: n_kv_head {self.n_kv_head} must divide n_head {self.n_head}")
