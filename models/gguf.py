@@ -55,9 +55,18 @@ def read_metadata(source: str | Path | Any) -> dict[str, Any]:
     """Every key-value pair of a GGUF file's header, in file order, as plain Python values: str,
     int, float, bool, or a list of them (tokenizer.ggml.tokens is a list of str). `source` is a
     path or an open reader (open_reader). The reader's pseudo-keys for the header's own counts
-    (GGUF.version, GGUF.tensor_count, GGUF.kv_count) are left out."""
-    reader = source if hasattr(source, "fields") else open_reader(source)
-    path = getattr(reader.data, "filename", None) or source
+    (GGUF.version, GGUF.tensor_count, GGUF.kv_count) are left out.
+
+    The last file's metadata is kept while the file is unchanged: gguf's reader takes seconds
+    over a real vocabulary (SmolLM2's 49152 tokens and 48900 merges), and a model, its tokenizer
+    and its config each ask for it."""
+    if hasattr(source, "fields"):
+        reader, path = source, getattr(source.data, "filename", None) or "<reader>"
+    else:
+        path, reader = Path(source), None
+        if _last_metadata[0] == _identity(path):
+            return dict(_last_metadata[1])
+        reader = open_reader(path)
     # ReaderField.contents() turns the reader's numpy parts into Python values (numpy scalars
     # become int/float/bool via tolist, strings are decoded as UTF-8: a stranger's may not be)
     meta = {}
@@ -68,7 +77,21 @@ def read_metadata(source: str | Path | Any) -> dict[str, Any]:
             meta[key] = field.contents()
         except (ValueError, IndexError, OverflowError) as exc:  # UnicodeDecodeError included
             raise FileFormatError(path, key, f"cannot be read ({exc})") from None
-    return meta
+    if path != "<reader>":
+        _last_metadata[:] = [_identity(Path(path)), meta]
+    return dict(meta)
+
+
+_last_metadata: list[Any] = [None, None]  # [the file's identity (_identity), its metadata]
+
+
+def _identity(path: Path) -> tuple[str, int, int] | None:
+    """The file as it is now: its resolved path, size and modification time (None if missing)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return str(path.resolve()), stat.st_size, stat.st_mtime_ns
 
 
 # --- tensors ----------------------------------------------------------------------------------

@@ -49,6 +49,9 @@ def load(model: str | Path, revision: str | None = None) -> tuple[Decoder, Token
     """The model and tokenizer of a checkpoint or model directory, a .gguf file (which holds
     both) or a hub name (`org/name` at revision, fetched once into the cache: models.hub)."""
     path = hub.resolve(model, revision)  # once, for both
+    if path.suffix == ".gguf":  # the model first: its read of the file's metadata is kept
+        net = models.from_pretrained(path)
+        return net, load_tokenizer(path)
     tokenizer = load_tokenizer(path)  # first: its error says what a checkpoint directory holds
     return models.from_pretrained(path), tokenizer
 

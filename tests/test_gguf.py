@@ -72,6 +72,19 @@ def test_read_metadata_gives_plain_python_values():
     assert mg.read_metadata(mg.open_reader(FIXTURES / "llama-Q4_K.gguf")) == meta
 
 
+def test_the_last_files_metadata_is_kept_while_it_is_unchanged(tmp_path, monkeypatch):
+    path = tmp_path / "m.gguf"
+    MAKE.write_llama(path, metadata={"general.name": "first"})
+    models.from_pretrained(path)  # the model's read of the metadata is kept for the tokenizer
+    opened, real_open = [], mg.open_reader
+    monkeypatch.setattr(mg, "open_reader", lambda p: opened.append(p) or real_open(p))
+    assert mg.read_metadata(path)["general.name"] == "first" and not opened
+    mg.read_metadata(path)["general.name"] = "changed by a caller"  # a copy: the kept one stays
+    assert mg.read_metadata(path)["general.name"] == "first" and not opened
+    MAKE.write_llama(path, metadata={"general.name": "second, longer"})  # a new file: read again
+    assert mg.read_metadata(path)["general.name"] == "second, longer" and opened == [path]
+
+
 def test_config_from_the_metadata():
     small = models.from_pretrained(FIXTURES / "llama-F32.gguf").config
     assert (small.n_layer, small.n_head, small.n_kv_head, small.head_dim) == (2, 2, 1, 16)
