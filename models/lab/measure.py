@@ -169,7 +169,7 @@ def edited_log_probs(model: Any, ids: Any, edits: list[Edit], n_rows: int, targe
         if last:
             model(ids[None, :last], kv_caches=prefix)
         caches = model.new_kv_caches(n_rows, len(ids))
-        for one, rows in zip(prefix, caches, strict=True):  # the clean prefix, the same for every row
+        for one, rows in zip(prefix, caches, strict=True):  # the clean prefix, shared by all rows
             rows.k[:, :, :last], rows.v[:, :, :last] = one.k[:, :, :last], one.v[:, :, :last]
             rows.length = last
         with probing(model, Probe(model, edits)):
