@@ -778,7 +778,8 @@ def attention_weights(
     if mask is not None:
         mask = np.asarray(mask.data if isinstance(mask, Tensor) else mask, dtype=bool)
         allowed = mask if allowed is None else allowed & mask
-    return _attention_weights(q, k, allowed, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _attention_weights(q, k, allowed, scale)
 
 
 def scaled_dot_product_attention(
