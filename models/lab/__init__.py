@@ -49,7 +49,7 @@ QUICK: dict[str, Any] = {  # seconds, for the tests: a tiny demo GPT
     "n_layer": 2,
     "n_head": 2,
     "n_embd": 16,
-    "block_size": 48,
+    "block_size": 64,
     "batch_size": 4,
     "steps": 6,
     "eval_every": 3,
