@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 
+import autograd.functional as F
 from autograd import Tensor, no_grad
 from models import lab
 from models.gpt import GPT, GPTConfig
@@ -89,6 +90,12 @@ def test_the_explicit_path_computes_what_the_fused_one_does(make):
         with probing(model, Probe(model)):
             explicit, _ = model(IDS[None], all_logits=True)
     np.testing.assert_allclose(explicit.data, fused.data, rtol=1e-4, atol=1e-5)
+    q, k = (Tensor(np.random.default_rng(i).standard_normal((1, 2, 5, 8))) for i in (0, 1))
+    scores = np.where(
+        np.tril(np.ones((5, 5), dtype=bool)), q.data @ k.data.swapaxes(-1, -2), -np.inf
+    )
+    a = np.exp(scores / np.sqrt(8) - (scores / np.sqrt(8)).max(-1, keepdims=True))
+    np.testing.assert_allclose(F.attention_weights(q, k).data, a / a.sum(-1, keepdims=True), 1e-5)
 
 
 def test_score_scale_runs_the_same_on_both_paths():
