@@ -48,6 +48,12 @@ class Subject:
     def decode(self, ids: Any) -> str:
         return self.tokenizer.decode([int(i) for i in ids])
 
+    def token(self, token_id: int) -> str:
+        """One token as text; a piece of a character (a byte-level token of a CJK character,
+        notes 12.5) shows as its id, since alone it decodes to U+FFFD."""
+        text = self.decode([token_id])
+        return f"<#{int(token_id)}>" if "\ufffd" in text else text
+
     def can_encode(self, text: str) -> bool:
         try:
             return self.decode(self.encode(text)) == text
@@ -209,9 +215,7 @@ DECODING = [  # (label, temperature, top_k, top_p)
 
 def top_tokens(subject: Subject, logp: np.ndarray, k: int) -> list[dict[str, Any]]:
     order = np.argsort(-logp)[:k]
-    return [
-        {"id": int(i), "token": subject.decode([i]), "p": float(np.exp(logp[i]))} for i in order
-    ]
+    return [{"id": int(i), "token": subject.token(i), "p": float(np.exp(logp[i]))} for i in order]
 
 
 def sequence_log_prob(subject: Subject, prompt_ids: np.ndarray, answer_ids: np.ndarray) -> float:
@@ -248,7 +252,7 @@ def medical_experiment(subject: Subject, settings: dict[str, Any]) -> dict[str, 
             positions.append(
                 {
                     "position": i,
-                    "token": subject.decode([ids[i]]),
+                    "token": subject.token(ids[i]),
                     "next_actual": subject.decode([ids[i + 1]]) if i + 1 < len(ids) else None,
                     "p_next_actual": float(np.exp(logp[i, ids[i + 1]]))
                     if i + 1 < len(ids)
@@ -278,7 +282,7 @@ def medical_experiment(subject: Subject, settings: dict[str, Any]) -> dict[str, 
         out["prompts"][lang] = {
             "prompt": prompt,
             "token_ids": [int(i) for i in ids],
-            "tokens": [subject.decode([i]) for i in ids],
+            "tokens": [subject.token(i) for i in ids],
             "answer": answer,
             "answer_ids": [int(i) for i in answer_ids],
             "p_answer_first_token": float(np.exp(last[answer_ids[0]])),
@@ -369,11 +373,11 @@ def resolve(subject: Subject, case: Case) -> dict[str, Any]:
         "target": case.target,
         "source": case.source,
         "token_ids": [int(i) for i in ids],
-        "tokens": [subject.decode([i]) for i in ids],
+        "tokens": [subject.token(i) for i in ids],
         "source_position": source_position,
         "target_position": len(ids) - 1,
         "target_id": target_id,
-        "target_token": subject.decode([target_id]),
+        "target_token": subject.token(target_id),
     }
 
 

@@ -119,6 +119,21 @@ def probing(model: Any, probe: Probe):
             attn.probe = None
 
 
+@contextmanager
+def _only_embedding_grad(model: Any):
+    """Only the token embedding requires grad: every A is still in the graph (it depends on the
+    embedding), but the backward computes no weight gradient it does not need."""
+    params = list(model.parameters())
+    before = [p.requires_grad for p in params]
+    model.requires_grad_(False)
+    model.transformer.wte.weight.requires_grad = True
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, before, strict=True):
+            p.requires_grad = flag
+
+
 def log_probs(logits: Tensor) -> Tensor:
     """log p over the vocabulary at the last position, (B, V)."""
     return F.log_softmax(logits[:, -1, :], axis=-1)
@@ -185,7 +200,7 @@ def attribute(model: Any, ids: Any, source_position: int, target_id: int) -> dic
     ids = np.asarray(ids, dtype=np.int64)
     target_position = len(ids) - 1
     probe = Probe(model)
-    with probing(model, probe):  # one forward with every A in the graph, one backward
+    with probing(model, probe), _only_embedding_grad(model):  # one forward, one backward
         logits, _ = model(ids[None])
         logp = log_probs(logits)[0, target_id]
         layers = sorted(probe.weights_of)
