@@ -249,14 +249,13 @@ def medical_experiment(subject: Subject, settings: dict[str, Any]) -> dict[str, 
         logp = log_probs_all(logits.data[0])
         positions = []
         for i in range(len(ids)):
+            actual = int(ids[i + 1]) if i + 1 < len(ids) else None  # what the prompt has next
             positions.append(
                 {
                     "position": i,
                     "token": subject.token(ids[i]),
-                    "next_actual": subject.decode([ids[i + 1]]) if i + 1 < len(ids) else None,
-                    "p_next_actual": float(np.exp(logp[i, ids[i + 1]]))
-                    if i + 1 < len(ids)
-                    else None,
+                    "next_actual": None if actual is None else subject.token(actual),
+                    "p_next_actual": None if actual is None else float(np.exp(logp[i, actual])),
                     "top": top_tokens(subject, logp[i], 5),
                 }
             )
