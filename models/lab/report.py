@@ -192,6 +192,29 @@ def scale_texts(data: dict, subject: str) -> list[tuple[str, Words]]:
                     ),
                 )
             )
+    if training:
+        runs = training["runs"]
+        final = {k: np.mean(c["loss"][-20:]) for k, c in runs.items()}
+        ent = {k: np.mean(c["entropy"][-1][1]) for k, c in runs.items()}
+        gq = {k: np.median(c["grad_wq"]) for k, c in runs.items()}
+        order = [f"x {k}" for k in sorted(final, key=final.get)]
+        by_entropy = [f"x {k}" for k in sorted(ent, key=ent.get)]
+        base = "1/sqrt(d_k)"
+        rows.append(
+            (
+                "figure",
+                Text(
+                    f"In this run the final training loss (scores x factor) ranks {' < '.join(order)}; the final "
+                    f"attention entropy ranks {' < '.join(by_entropy)}; the median "
+                    f"gradient reaching W_Q is {gq['1'] / gq[base]:.2f}x the 1/sqrt(d_k) run's "
+                    f"with scale 1 and {gq['1/d_k'] / gq[base]:.2f}x with 1/d_k.",
+                    f"本次运行中（分数 x 系数），最终训练损失的顺序为 {' < '.join(order)}；最终注意力熵的顺序为 "
+                    f"{' < '.join(by_entropy)}；到达 W_Q 的梯度中位数在系数为 1 时"
+                    f"是 1/√d_k 那次的 {gq['1'] / gq[base]:.2f} 倍，系数为 1/d_k 时是 "
+                    f"{gq['1/d_k'] / gq[base]:.2f} 倍。",
+                ),
+            )
+        )
     rows.append(
         (
             "shows",
@@ -256,6 +279,7 @@ def medical_texts(data: dict, subject: str) -> list[tuple[str, Words]]:
                     f"{p['prompt']}|{c['text']}",
                 )
             )
+    n = len(data["prompts"]["zh"]["token_ids"])
     kv = data["kv_cache"]
     with_, without = np.median(kv["seconds_with_cache"]), np.median(kv["seconds_without_cache"])
     rows.append(
@@ -278,15 +302,15 @@ def medical_texts(data: dict, subject: str) -> list[tuple[str, Words]]:
                 f"What it shows: what {subject} actually predicts after the notes' sentence: the "
                 "figures above are the result, whatever they are. The notes' '黑便' was a "
                 "hypothetical path (12.3); the rank and probability of its first token say how "
-                "far this model is from it. The prompt's Chinese splits into byte-level BPE "
-                "tokens that are not the notes' five toy positions (12.5: tokens are not "
-                "characters or words). What it does not show: that the model knows or does not "
-                "know the pharmacology; a 135M model, prompted without the chat template, is "
-                "measured here, not a medical system.",
+                f"far this model is from it. The prompt is {n} of this model's tokens, not the "
+                "notes' five toy positions (12.5: tokens are not characters or words). What it "
+                "does not show: that the model knows or does not know the pharmacology; one small "
+                "model, prompted as plain text without a chat template, is measured here, not a "
+                "medical system.",
                 f"说明了什么：{subject} 在笔记这句话之后实际预测什么，上面的数字就是结果，无论是什么。"
                 "笔记中的“黑便”只是假设的路径（12.3）；它第一个 Token 的名次与概率说明这个模型离它多远。"
-                "这句中文被切成字节级 BPE Token，并不是笔记玩具切分的五个位置（12.5：Token 不等于字或词）。"
-                "不能说明什么：模型“懂不懂”药理；这里测的是一个不加聊天模板的 135M 模型，不是医疗系统。",
+                f"这句提示是该模型的 {n} 个 Token，并不是笔记玩具切分的五个位置（12.5：Token 不等于字或词）。"
+                "不能说明什么：模型“懂不懂”药理；这里测的是一个以纯文本（不加聊天模板）提示的小模型，不是医疗系统。",
             ),
         )
     )
