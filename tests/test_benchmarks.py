@@ -206,6 +206,9 @@ def test_llm_suite_times_a_tiny_llama_in_fresh_processes(capsys):
     assert llm.main(["--tiny", "--rounds", "1", "--reps", "1", "--prompt", "8", "--new", "64"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| glassgrad |"))
-    prefill, decode, rss = (float(cell) for cell in row.strip("| ").split(" | ")[1:])
-    assert prefill > 0 and decode > 0 and rss > 0
+    cells = row.strip("| ").split(" | ")
+    assert cells[1:3] == ["float32 (as given)", "2"]
+    load, prefill, decode, stream, rss = (float(cell) for cell in cells[3:])
+    assert load > 0 and prefill > 0 and decode > 0 and stream >= 0 and rss > 0
+    assert "memory copy bandwidth of this run" in out
     assert "HF transformers" in out or "no HF column" in out
