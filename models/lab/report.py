@@ -52,8 +52,8 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
             continue
         fig = plot(plt, data)
         # a fixed layout: matplotlib's automatic ones cost seconds per figure on a busy machine
-        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.14, top=0.9, wspace=0.3, hspace=0.45)
-        fig.savefig(out / f"{name}.png", dpi=90)
+        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.14, top=0.88, wspace=0.3, hspace=0.45)
+        fig.savefig(out / f"{name}.png", dpi=80)
         plt.close(fig)
         files[name] = f"{name}.png"
     return files
@@ -87,6 +87,7 @@ def _plot_training(plt: Any, data: dict) -> Any:
         axes[3].plot(c["grad_wk"], lw=0.8, label=scale)
     axes[0].set(xlabel="step", ylabel="training loss (nats/char)", title="loss")
     axes[1].set(xlabel="step", ylabel="nats", title="attention entropy (held-out)")
+    axes[1].ticklabel_format(axis="y", useOffset=False)
     axes[2].set(xlabel="step", ylabel="||dL/dW_Q||", yscale="log", title="gradient reaching W_Q")
     axes[3].set(xlabel="step", ylabel="||dL/dW_K||", yscale="log", title="gradient reaching W_K")
     axes[0].legend(fontsize=8)
@@ -110,20 +111,30 @@ def _plot_medical(plt: Any, data: dict) -> Any:
 
 
 def _plot_attribution(plt: Any, data: dict) -> Any:
-    cases = data["cases"]
-    fig, axes = plt.subplots(len(cases), 3, figsize=(14, 3.4 * len(cases)), squeeze=False)
+    """Three panels, one dot per head and case: does a large weight (or a large first-order
+    attribution) go with a large measured effect?"""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     pairs = [
         ("attention", "edge_ablation"),
         ("gradient_attribution", "edge_ablation"),
         ("attention", "head_ablation"),
     ]
-    for row, case in zip(axes, cases, strict=True):
-        layers = [h["layer"] for h in case["heads"]]
-        for ax, (x, y) in zip(row, pairs, strict=True):
-            ax.scatter([h[x] for h in case["heads"]], [h[y] for h in case["heads"]], c=layers, s=12)
-            ax.axhline(0, color="grey", lw=0.6)
-            ax.set(xlabel=x.replace("_", " "), ylabel=f"{y.replace('_', ' ')} (d log p)")
-        row[0].set_title(f"{case['name']}: {len(case['heads'])} heads, colour = layer", loc="left")
+    for case, marker in zip(data["cases"], "o^sDv", strict=False):
+        for ax, (x, y) in zip(axes, pairs, strict=True):
+            heads = case["heads"]
+            ax.scatter(
+                [h[x] for h in heads],
+                [h[y] for h in heads],
+                s=14,
+                marker=marker,
+                alpha=0.7,
+                label=case["name"],
+            )
+    for ax, (x, y) in zip(axes, pairs, strict=True):
+        ax.axhline(0, color="grey", lw=0.6)
+        ax.set(xlabel=x.replace("_", " "), ylabel=f"{y.replace('_', ' ')} (change of log p)")
+    axes[0].legend(fontsize=8)
+    axes[0].set_title("one dot per head", loc="left")
     return fig
 
 
