@@ -24,15 +24,38 @@ FAMILIES = {"gpt2": GPT, "llama": Llama, "qwen2": Llama, "mistral": Llama}
 
 def from_pretrained(path: str | Path, dtype: Any = None) -> Decoder:
     """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
-    model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama. Weights in dtype (default float32)."""
+    model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama; or of a llama.cpp GGUF file (a
+    path ending in .gguf: models.gguf, which needs the gguf package). Weights in dtype (default
+    float32)."""
+    if str(path).lower().endswith(".gguf"):
+        from models import gguf  # the optional gguf package is imported only for GGUF files
+
+        return gguf.load(path, dtype)
     directory, config = read_config(path)
+    return _family(config, directory / "config.json").from_pretrained(path, dtype)
+
+
+def pretrained_config(path: str | Path) -> DecoderConfig:
+    """The model settings of what from_pretrained reads (a directory or a .gguf file), without
+    reading its weights."""
+    if str(path).lower().endswith(".gguf"):
+        from models import gguf
+
+        reader = gguf.open_reader(path)
+        config = gguf.hf_config(gguf.read_metadata(reader), {t.name for t in reader.tensors}, path)
+        return Llama.config_from_hf(config, str(path))
+    directory, config = read_config(path)
+    source = directory / "config.json"
+    return _family(config, source).config_from_hf(config, str(source))
+
+
+def _family(config: dict[str, Any], source: Path) -> type[Decoder]:
     model_type = config.get("model_type")
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ValueError(
-            f"{directory / 'config.json'}: model_type {model_type!r} is not supported (known: "
-            f"{', '.join(FAMILIES)})"
+            f"{source}: model_type {model_type!r} is not supported (known: {', '.join(FAMILIES)})"
         )
-    return FAMILIES[model_type].from_pretrained(path, dtype)
+    return FAMILIES[model_type]
 
 
 __all__ = [
@@ -45,6 +68,7 @@ __all__ = [
     "GPTConfig",
     "Llama",
     "from_pretrained",
+    "pretrained_config",
 ]
 
 check_packages("nn", "models")  # no folder of the same name may shadow glassgrad's

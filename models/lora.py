@@ -2,10 +2,11 @@
 
     python -m models.lora merge --base DIR --adapter DIR --out DIR
 
-DIR of --base: a model directory models.train can start from (config.json + model.safetensors,
-with its tokenizer files); --adapter: what a LoRA run saved (adapter_model.safetensors +
-adapter_config.json, nn.save_adapter). The adapter's update is folded into each wrapped weight,
-W + (alpha / r) A B (nn/lora.py), and --out gets the base's files with the merged weights: the
+--base: what models.train can start from, a model directory (config.json + model.safetensors,
+with its tokenizer files) or a .gguf file (its tokenizer written as Hugging Face's files);
+--adapter: what a LoRA run saved (adapter_model.safetensors + adapter_config.json,
+nn.save_adapter). The adapter's update is folded into each wrapped weight, W + (alpha / r) A B
+(nn/lora.py), and --out gets the base's files with the merged weights: the
 same logits as base + adapter, with no adapter left to apply.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import models
 import nn
+from models.tokenizer import BPETokenizer
 
 # files of a model directory that are not copied: the weights (written merged) and, in a training
 # run's directory, its state (the rest, e.g. the tokenizer, is copied as it is)
@@ -42,10 +44,13 @@ def merge(
     nn.load_adapter(adapter, model)
     names = nn.unload_lora(model)
     out.mkdir(parents=True, exist_ok=True)
-    for path in base.iterdir():
-        shard = path.name.startswith("model-") and path.suffix == ".safetensors"
-        if path.is_file() and path.name not in NOT_COPIED and not shard:
-            shutil.copy2(path, out / path.name)
+    if base.is_file():  # a .gguf file: its tokenizer and chat template as Hugging Face's files
+        BPETokenizer.from_pretrained(base).save(out)
+    else:
+        for path in base.iterdir():
+            shard = path.name.startswith("model-") and path.suffix == ".safetensors"
+            if path.is_file() and path.name not in NOT_COPIED and not shard:
+                shutil.copy2(path, out / path.name)
     model.save_pretrained(out)
     return names
 
@@ -64,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     names = merge(args.base, args.adapter, args.out, args.dtype)
-    print(f"merged {len(names)} adapters ({', '.join(names)}) into {args.out}")
+    kinds = sorted({name.rsplit(".", 1)[-1] for name in names})  # q_proj, v_proj, ...
+    print(f"merged {len(names)} adapters ({', '.join(kinds)}) into {args.out}")
     return 0
 
 

@@ -30,6 +30,7 @@ import regex
 
 import nn
 from models.chat_template import render_chat_template
+from models.errors import FileFormatError
 
 
 class CharTokenizer:
@@ -184,6 +185,18 @@ class AddedToken:
     normalized: bool = False
 
 
+@dataclass(frozen=True)
+class Metaspace:
+    """SentencePiece's spaces, the pre-tokenizer of Llama 2, TinyLlama and Mistral's files: each
+    space is written `replacement` ('▁'), one '▁' goes before the text unless it starts with one
+    (prepend_scheme 'always'; 'first': only at the start of the whole text, not after an added
+    token; 'never'), and with split each '▁' starts a new piece (else the text is one piece)."""
+
+    prepend_scheme: str = "always"
+    split: bool = False
+    replacement: str = "▁"
+
+
 class BPETokenizer:
     """Byte-level BPE: learn GPT-2's kind with train, or load GPT-2's or Hugging Face's files.
 
@@ -193,9 +206,16 @@ class BPETokenizer:
     made by merges; encode emits them only where allowed_special asks for them.
 
     What a tokenizer.json adds (from_pretrained reads it): `pre_tokenizer`, the split patterns
-    applied in turn (GPT-2's one by default; Llama 3 and Qwen2 have their own), an NFC
-    `normalizer`, `ignore_merges` (a piece that is a whole token is that token, as in Llama 3),
+    applied in turn (GPT-2's one by default; Llama 3 and Qwen2 have their own), the `normalizer`
+    steps (NFC), `ignore_merges` (a piece that is a whole token is that token, as in Llama 3),
     and the ids a post-processor puts around the text (`bos` / `eos`, for add_special_tokens).
+
+    Or, with byte_level=False, SentencePiece-style BPE over characters (Llama 2, TinyLlama,
+    Mistral): tokens are text with '▁' for a space, spaces are handled by `metaspace` (or by
+    the older files' normalizer steps ("Prepend", "▁") and ("Replace", " ", "▁")); a character
+    the vocabulary lacks is its UTF-8 bytes as <0x..> tokens (byte_fallback), else unk_token.
+    Decoding writes '▁' as a space, turns <0x..> tokens into bytes (decode_byte_tokens) and
+    strips `strip` leading spaces of the text, as the file's decoder does.
 
     >>> tok = BPETokenizer.train("low lower lowest " * 20, vocab_size=262)
     >>> tok.merges  # ties: (l, o) before (o, w) at 60 pairs; (s, t) first at 20, as 's' < 'Ġ'
@@ -215,12 +235,17 @@ class BPETokenizer:
         *,
         added_tokens: Iterable[AddedToken] | None = None,
         pre_tokenizer: Iterable[str] = (GPT2_PATTERN,),
-        normalizer: str | None = None,
+        normalizer: Iterable[tuple[str, ...]] = (),
         ignore_merges: bool = False,
         unk_token: str | None = None,
         fuse_unk: bool = False,
         bos: Iterable[int] = (),
         eos: Iterable[int] = (),
+        byte_level: bool = True,
+        metaspace: Metaspace | None = None,
+        byte_fallback: bool = False,
+        decode_byte_tokens: bool = True,
+        strip: int = 0,
     ) -> None:
         """From a vocabulary and a merge list (train and from_pretrained make these; the
         latter checks each merge against the vocabulary, with where it came from). Without
@@ -240,26 +265,40 @@ class BPETokenizer:
         bad = {t: i for t, i in vocab.items() if type(i) is not int or i < 0}
         if bad:
             raise ValueError(f"ids must be non-negative integers: {list(bad.items())[:5]}")
-        if normalizer not in (None, "NFC"):
-            raise ValueError(f"unsupported normalizer {normalizer!r} (None or 'NFC')")
+        self.normalizer: tuple[tuple[str, ...], ...] = tuple(tuple(n) for n in normalizer)
+        unknown = [n for n in self.normalizer if n[0] not in _NORMALIZERS]
+        if unknown:
+            raise ValueError(f"unsupported normalizer step(s) {unknown} (of {list(_NORMALIZERS)})")
+        if metaspace is not None and metaspace.prepend_scheme not in ("always", "first", "never"):
+            raise ValueError(f"unsupported prepend_scheme {metaspace.prepend_scheme!r}")
         self.vocab: dict[str, int] = dict(vocab)
         self.merges: list[tuple[str, str]] = [tuple(m) for m in merges]
         self.pre_tokenizer: tuple[str, ...] = tuple(pre_tokenizer)
-        self.normalizer, self.ignore_merges = normalizer, ignore_merges
+        self.ignore_merges = ignore_merges
         self.bos, self.eos = list(bos), list(eos)
+        self.byte_level, self.metaspace, self.byte_fallback = byte_level, metaspace, byte_fallback
+        self.decode_byte_tokens, self.strip = decode_byte_tokens, strip
+        if not byte_level:  # characters: any of them may be missing
+            self._complete = False
         self._ranks = {pair: rank for rank, pair in enumerate(self.merges)}
         self._patterns = [regex.compile(p) for p in self.pre_tokenizer]
         self._bytes: dict[int, bytes] = {}  # id -> the bytes it decodes to
+        self._byte_ids: set[int] = set()  # <0x..> tokens, decoded as runs of bytes
         for token, i in self.vocab.items():
             if i in self._bytes:
                 raise ValueError(f"id {i} is given to two tokens, one of them {token!r}")
-            if token not in self.added_tokens and any(c not in _CHAR_BYTE for c in token):
-                raise ValueError(f"token {token!r} (id {i}) is not over GPT-2's byte alphabet")
-            self._bytes[i] = _token_bytes(token)
-        for added in self.added_tokens.values():  # beside the vocabulary, or in it (SmolLM2)
-            if self._bytes.setdefault(added.id, _token_bytes(added.content)) != _token_bytes(
-                added.content
+            if (
+                byte_level
+                and token not in self.added_tokens
+                and any(c not in _CHAR_BYTE for c in token)
             ):
+                raise ValueError(f"token {token!r} (id {i}) is not over GPT-2's byte alphabet")
+            self._bytes[i] = self._token_bytes(token)
+            if not byte_level and decode_byte_tokens and _BYTE_TOKEN.fullmatch(token):
+                self._byte_ids.add(i)
+        for added in self.added_tokens.values():  # beside the vocabulary, or in it (SmolLM2)
+            written = self._token_bytes(added.content)
+            if self._bytes.setdefault(added.id, written) != written:
                 raise ValueError(
                     f"added token {added.content!r} has id {added.id}, which is another token's"
                 )
@@ -393,21 +432,30 @@ class BPETokenizer:
         ids = list(self.bos) if add_special_tokens else []
         # Hugging Face's order: the added tokens found in the text as given, the normalizer on
         # the rest, then the added tokens that are looked for in normalized text.
+        at_start = True  # the part begins the text (Metaspace's prepend_scheme 'first')
         for part, is_added in _split_on(raw, text):
             if is_added:
                 ids.append(self.added_tokens[part].id)
-                continue
-            for piece, is_added in _split_on(normalized, self._normalize(part)):
-                ids += [self.added_tokens[piece].id] if is_added else self._encode_ordinary(piece)
+            else:
+                for piece, is_added in _split_on(normalized, self._normalize(part)):
+                    if is_added:
+                        ids.append(self.added_tokens[piece].id)
+                    else:
+                        ids += self._encode_ordinary(piece, at_start)
+                    at_start = False
+            at_start = False
         return ids + list(self.eos) if add_special_tokens else ids
 
     def _normalize(self, text: str) -> str:
-        return unicodedata.normalize("NFC", text) if self.normalizer == "NFC" else text
+        for step in self.normalizer:
+            text = _NORMALIZERS[step[0]](text, *step[1:])
+        return text
 
-    def _encode_ordinary(self, text: str) -> list[int]:
+    def _encode_ordinary(self, text: str, at_start: bool = True) -> list[int]:
         ids: list[int] = []
         cache = self._cache
-        for piece in self._pre_tokenize(text):
+        pieces = self._pre_tokenize(text) if self.byte_level else self._metaspace(text, at_start)
+        for piece in pieces:
             piece_ids = cache.get(piece)
             if piece_ids is None:  # text repeats its words: each is merged once
                 piece_ids = cache[piece] = [self.vocab[t] for t in self._bpe(piece)]
@@ -422,9 +470,22 @@ class BPETokenizer:
             pieces = [cut for piece in pieces for cut in _isolated(pattern, piece)]
         return pieces
 
+    def _metaspace(self, text: str, at_start: bool) -> list[str]:
+        """SentencePiece's pieces: spaces as '▁', the prefix, the split (Metaspace)."""
+        meta = self.metaspace
+        if meta is None or not text:
+            return [text] if text else []
+        text = text.replace(" ", meta.replacement)
+        prepend = meta.prepend_scheme == "always" or (meta.prepend_scheme == "first" and at_start)
+        if prepend and not text.startswith(meta.replacement):
+            text = meta.replacement + text
+        if not meta.split:
+            return [text]
+        return [p for p in regex.split(f"(?={regex.escape(meta.replacement)})", text) if p]
+
     def _bpe(self, piece: str) -> list[str]:
         """GPT-2's merge loop: apply the earliest-learned merge present, until none applies."""
-        parts = [_BYTE_CHAR[b] for b in piece.encode("utf-8")]
+        parts = [_BYTE_CHAR[b] for b in piece.encode("utf-8")] if self.byte_level else list(piece)
         if self.ignore_merges and "".join(parts) in self.vocab:
             return ["".join(parts)]  # Llama 3: a piece that is a token is taken whole
         if not self._complete:
@@ -438,30 +499,67 @@ class BPETokenizer:
         return parts
 
     def _known(self, symbols: list[str]) -> list[str]:
-        """symbols with each one the vocabulary lacks replaced by the unk token (a run of them
-        by one if fuse_unk) or, without an unk token, dropped (Hugging Face's BPE.merge_word)."""
+        """symbols with each one the vocabulary lacks replaced, as Hugging Face's BPE.merge_word
+        does: by its UTF-8 bytes as <0x..> tokens (byte_fallback, when the vocabulary has them
+        all), else by the unk token (a run of them by one if fuse_unk), else dropped. As there,
+        the unk token waits for the next known symbol: byte tokens between two unknown ones go
+        before it, and fuse_unk fuses across them ('🙂q🙂' is <0x71> <unk>)."""
         out: list[str] = []
-        unknown_before = False  # the previous symbol was unknown
+        vocab, unk = self.vocab, self.unk_token
+        waiting = False  # an unk token not written yet
         for symbol in symbols:
-            if symbol in self.vocab:
+            if symbol in vocab:
+                if waiting:
+                    out.append(unk)
+                    waiting = False
                 out.append(symbol)
-                unknown_before = False
-            elif self.unk_token is not None:
-                if not (self.fuse_unk and unknown_before):
-                    out.append(self.unk_token)
-                unknown_before = True
+                continue
+            if self.byte_fallback:
+                byte_tokens = [f"<0x{b:02X}>" for b in symbol.encode("utf-8")]
+                if all(t in vocab for t in byte_tokens):
+                    out += byte_tokens
+                    continue
+            if unk is not None:
+                if waiting and not self.fuse_unk:
+                    out.append(unk)
+                waiting = True
+        if waiting:
+            out.append(unk)
         return out
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
         """The text of a sequence of ids. Bytes that do not form UTF-8 (a sequence cut inside a
         character) become U+FFFD, as in GPT-2; an id outside the vocabulary is an error.
         skip_special_tokens drops the added tokens marked special, as Hugging Face's does."""
-        return self.decode_bytes(ids, skip_special_tokens).decode("utf-8", errors="replace")
+        if self.byte_level:
+            return self.decode_bytes(ids, skip_special_tokens).decode("utf-8", errors="replace")
+        # Hugging Face's ByteFallback decoder: a run of <0x..> tokens that is not UTF-8 is one
+        # U+FFFD per token; then the decoder's Strip takes leading spaces off the whole text.
+        parts, run = [], []
+        for i in [*self._check_ids(ids, skip_special_tokens), None]:
+            if i in self._byte_ids:
+                run.append(self._bytes[i])
+                continue
+            if run:
+                try:
+                    parts.append(b"".join(run).decode("utf-8"))
+                except UnicodeDecodeError:
+                    parts.append("\ufffd" * len(run))
+                run = []
+            if i is not None:
+                parts.append(self._bytes[i].decode("utf-8", errors="replace"))
+        text = "".join(parts)
+        stripped = len(text) - len(text.lstrip(" "))
+        return text[min(stripped, self.strip) :]
 
     def decode_bytes(self, ids: Any, skip_special_tokens: bool = False) -> bytes:
         """The bytes of a sequence of ids, before UTF-8 decoding. A streamer that prints tokens
         as they are sampled feeds these to an incremental UTF-8 decoder, so that a character
         cut across tokens (an emoji is often two to four) is printed once, whole."""
+        return b"".join([self._bytes[i] for i in self._check_ids(ids, skip_special_tokens)])
+
+    def _check_ids(self, ids: Any, skip_special_tokens: bool) -> list[int]:
+        """ids as a list of ints, each in the vocabulary, less the special ones if asked."""
         ids = np.asarray(ids)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
             raise ValueError(
@@ -469,16 +567,26 @@ class BPETokenizer:
                 f"dtype {ids.dtype}"
             )
         ids = ids.tolist()
+        unknown = [i for i in ids if i not in self._bytes]
+        if unknown:
+            raise ValueError(
+                f"BPETokenizer.decode: id {unknown[0]} is not in the vocabulary "
+                f"({len(self._bytes)} tokens, ids below {self.vocab_size})"
+            )
         if skip_special_tokens:
             skip = set(self.special_tokens.values())
             ids = [i for i in ids if i not in skip]
-        try:
-            return b"".join([self._bytes[i] for i in ids])
-        except KeyError as exc:
-            raise ValueError(
-                f"BPETokenizer.decode: id {exc.args[0]} is not in the vocabulary "
-                f"({len(self._bytes)} tokens, ids below {self.vocab_size})"
-            ) from None
+        return ids
+
+    def _token_bytes(self, token: str) -> bytes:
+        """The bytes a token decodes to: byte-level, through GPT-2's byte alphabet (_token_bytes);
+        SentencePiece-style, its text with '▁' as a space, or the byte of a <0x..> token."""
+        if self.byte_level:
+            return _token_bytes(token)
+        if self.decode_byte_tokens and _BYTE_TOKEN.fullmatch(token):
+            return bytes([int(token[3:5], 16)])
+        replacement = self.metaspace.replacement if self.metaspace else "▁"
+        return token.replace(replacement, " ").encode("utf-8")
 
     def apply_chat_template(
         self,
@@ -544,8 +652,11 @@ class BPETokenizer:
     def from_pretrained(cls, directory: str | Path) -> BPETokenizer:
         """Load a tokenizer directory: Hugging Face's tokenizer.json (+ tokenizer_config.json,
         for the chat template) if it has one, else GPT-2's vocab.json + merges.txt (a directory
-        written by save, or GPT-2's own: a download of gpt2 has all three, which agree)."""
+        written by save, or GPT-2's own: a download of gpt2 has all three, which agree). Or a
+        llama.cpp .gguf file: the tokenizer and chat template of its metadata."""
         directory = Path(directory)
+        if directory.suffix == ".gguf" and not directory.is_dir():
+            return _read_gguf_tokenizer(directory)
         data = _read_tokenizer_json(directory)
         if _is_hf(data):
             return _read_hf_tokenizer(directory, data)
@@ -580,6 +691,16 @@ def _token_bytes(token: str) -> bytes:
     if all(c in _CHAR_BYTE for c in token):
         return bytes(_CHAR_BYTE[c] for c in token)
     return token.encode("utf-8")
+
+
+_BYTE_TOKEN = regex.compile(r"<0x[0-9A-Fa-f]{2}>")  # byte_fallback's tokens: <0x00> ... <0xFF>
+
+# Hugging Face's normalizers that glassgrad runs: name -> (text, *arguments) -> text
+_NORMALIZERS: dict[str, Callable[..., str]] = {
+    "NFC": lambda text: unicodedata.normalize("NFC", text),
+    "Prepend": lambda text, prefix: prefix + text if text else text,
+    "Replace": lambda text, old, new: text.replace(old, new),
+}
 
 
 def _split_on(names: Collection[str], text: str) -> list[tuple[str, bool]]:
@@ -678,6 +799,33 @@ def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
     chat template and special-token names (or chat_template.jinja's template, kept apart in
     newer downloads)."""
     path = directory / "tokenizer.json"
+    tok = _hf_tokenizer(path, data)
+    tok._hf_files["tokenizer.json"] = _read_text(path)
+    config_path = directory / "tokenizer_config.json"
+    if config_path.is_file():
+        tok._hf_files[config_path.name] = _read_text(config_path)
+        _configure(tok, _read_json(config_path))
+    jinja_path = directory / "chat_template.jinja"
+    if jinja_path.is_file():  # newer files keep the template apart; it wins, as in transformers
+        tok.chat_template = tok._hf_files[jinja_path.name] = _read_text(jinja_path)
+    return tok
+
+
+def _configure(tok: BPETokenizer, config: dict[str, Any]) -> None:
+    """The chat template and the special tokens' names of a tokenizer_config.json."""
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        template = {t.get("name"): t.get("template") for t in template}.get("default")
+    tok.chat_template = template
+    for name in _SPECIAL_TOKEN_NAMES:
+        value = config.get(name)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            tok.template_tokens[name] = value
+
+
+def _hf_tokenizer(path: Path, data: dict[str, Any]) -> BPETokenizer:
+    """A BPETokenizer from the parsed tokenizer.json `data` (path: where it came from)."""
 
     def refuse(field: str, value: Any, supported: str) -> ValueError:
         return ValueError(
@@ -686,12 +834,11 @@ def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
 
     model = data.get("model")
     if not isinstance(model, dict) or model.get("type") != "BPE":
-        raise refuse("model.type", (model or {}).get("type"), "byte-level 'BPE' only")
+        raise refuse("model.type", (model or {}).get("type"), "'BPE' only")
     for field, allowed in [
         ("dropout", (None, 0, 0.0)),
         ("continuing_subword_prefix", (None, "")),
         ("end_of_word_suffix", (None, "")),
-        ("byte_fallback", (None, False)),
     ]:
         if model.get(field) not in allowed:
             raise refuse(f"model.{field}", model[field], f"only {allowed[0]!r}")
@@ -720,51 +867,98 @@ def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
         added.append(
             AddedToken(entry["content"], entry["id"], special, entry.get("normalized", not special))
         )
-    normalizer = data.get("normalizer")
-    kinds = (
-        [n.get("type") for n in (normalizer or {}).get("normalizers", [normalizer])]
-        if normalizer
-        else []
-    )
-    if set(kinds) - {"NFC"}:
-        raise refuse("normalizer", normalizer, "none or NFC")
-    patterns = _hf_pre_tokenizer(data.get("pre_tokenizer"), refuse)
-    if (data.get("decoder") or {}).get("type") != "ByteLevel":
-        raise refuse("decoder", data.get("decoder"), "ByteLevel")
+    normalizer = _hf_normalizer(data.get("normalizer"), refuse)
+    # Byte-level (a ByteLevel decoder) or SentencePiece-style (over characters)
+    if (data.get("decoder") or {}).get("type") == "ByteLevel":
+        pipeline = {"pre_tokenizer": _hf_pre_tokenizer(data.get("pre_tokenizer"), refuse)}
+    else:
+        pipeline = _hf_sentencepiece(data.get("pre_tokenizer"), data.get("decoder"), refuse)
     bos, eos = _hf_post_processor(data.get("post_processor"), refuse)
     try:
         tok = BPETokenizer(
             vocab,
             merges,
             added_tokens=added,
-            pre_tokenizer=patterns,
-            normalizer="NFC" if kinds else None,
+            normalizer=normalizer,
             ignore_merges=bool(model.get("ignore_merges")),
             unk_token=model.get("unk_token"),
             fuse_unk=bool(model.get("fuse_unk")),
+            byte_fallback=bool(model.get("byte_fallback")),
             bos=bos,
             eos=eos,
+            **pipeline,
         )
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    tok._hf_files["tokenizer.json"] = _read_text(path)
-    config_path = directory / "tokenizer_config.json"
-    if config_path.is_file():
-        config = _read_json(config_path)
-        tok._hf_files[config_path.name] = _read_text(config_path)
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
-            template = {t.get("name"): t.get("template") for t in template}.get("default")
-        tok.chat_template = template
-        for name in _SPECIAL_TOKEN_NAMES:
-            value = config.get(name)
-            value = value.get("content") if isinstance(value, dict) else value
-            if isinstance(value, str):
-                tok.template_tokens[name] = value
-    jinja_path = directory / "chat_template.jinja"
-    if jinja_path.is_file():  # newer files keep the template apart; it wins, as in transformers
-        tok.chat_template = tok._hf_files[jinja_path.name] = _read_text(jinja_path)
     return tok
+
+
+def _hf_normalizer(spec: Any, refuse: Callable[..., ValueError]) -> list[tuple[str, ...]]:
+    """A normalizer's steps: NFC, and the Prepend + Replace of older SentencePiece-style files
+    (Llama 2, Mistral v0.1: Prepend '▁', Replace ' ' with '▁')."""
+    if spec is None:
+        return []
+    steps = spec.get("normalizers", []) if spec.get("type") == "Sequence" else [spec]
+    out: list[tuple[str, ...]] = []
+    for step in steps:
+        kind = step.get("type") if isinstance(step, dict) else None
+        if kind == "NFC":
+            out.append(("NFC",))
+        elif kind == "Prepend" and isinstance(step.get("prepend"), str):
+            out.append(("Prepend", step["prepend"]))
+        elif kind == "Replace" and isinstance(step.get("pattern", {}).get("String"), str):
+            out.append(("Replace", step["pattern"]["String"], step["content"]))
+        else:
+            raise refuse("normalizer", spec, "NFC, Prepend, Replace of a String")
+    return out
+
+
+def _hf_sentencepiece(
+    pre_tokenizer: Any, decoder: Any, refuse: Callable[..., ValueError]
+) -> dict[str, Any]:
+    """The settings of a SentencePiece-style pipeline: no pre-tokenizer (the older files, whose
+    normalizer writes the '▁') or a Metaspace one, and a decoder that is Metaspace or a
+    Sequence of Replace('▁', ' '), ByteFallback, Fuse and Strip(' ', n, 0) steps."""
+    kind = (decoder or {}).get("type")
+    if kind == "Metaspace":  # no ByteFallback: a <0x..> token decodes to its own text
+        scheme = decoder.get("prepend_scheme") or (
+            "always" if decoder.get("add_prefix_space", True) else "never"
+        )
+        byte_tokens, strip = False, int(scheme != "never")
+    else:
+        steps = decoder.get("decoders", []) if kind == "Sequence" else [None]
+        names = [step.get("type") if isinstance(step, dict) else None for step in steps]
+        byte_tokens, strip = "ByteFallback" in names, 0
+        for step, name in zip(steps, names, strict=True):
+            if name == "Replace" and step.get("pattern") == {"String": "▁"}:
+                if step.get("content") == " ":
+                    continue
+            elif name == "Strip" and step.get("content") == " " and not step.get("stop"):
+                strip = int(step.get("start", 0))
+                continue
+            elif name in ("ByteFallback", "Fuse"):
+                continue
+            supported = "ByteLevel, Metaspace, or Replace('▁', ' '), ByteFallback, Fuse, Strip"
+            raise refuse("decoder", decoder, supported)
+    return {
+        "byte_level": False,
+        "metaspace": _hf_metaspace(pre_tokenizer, refuse),
+        "pre_tokenizer": (),
+        "decode_byte_tokens": byte_tokens,
+        "strip": strip,
+    }
+
+
+def _hf_metaspace(spec: Any, refuse: Callable[..., ValueError]) -> Metaspace | None:
+    """A SentencePiece-style file's pre-tokenizer: none, or Metaspace."""
+    if spec is None:
+        return None
+    if spec.get("type") != "Metaspace":
+        raise refuse("pre_tokenizer", spec, "Metaspace or none with this decoder")
+    scheme = spec.get("prepend_scheme")
+    if scheme is None:  # files from before prepend_scheme
+        scheme = "always" if spec.get("add_prefix_space", True) else "never"
+    return Metaspace(scheme, bool(spec.get("split", True)), spec.get("replacement", "▁"))
 
 
 def _hf_pre_tokenizer(spec: Any, refuse: Callable[..., ValueError]) -> list[str]:
@@ -821,6 +1015,178 @@ def _hf_post_processor(spec: Any, refuse: Callable[..., ValueError]) -> tuple[li
     raise refuse("post_processor.type", spec.get("type"), "ByteLevel, TemplateProcessing, Sequence")
 
 
+# --- llama.cpp's GGUF files -----------------------------------------------------------------------
+# A GGUF file describes its tokenizer in metadata (tokenizer.ggml.*): the tokens, their types, the
+# merges, the special ids, and a pre-tokenizer by name, whose split patterns are llama.cpp's own
+# (src/llama-vocab.cpp, llm_tokenizer_bpe). Read here: the byte-level BPE ("gpt2") files, turned
+# into the tokenizer.json Hugging Face would write for them, so one reader parses both and save()
+# writes files that transformers and from_pretrained read back.
+
+# llama.cpp's GPT-2 pattern lacks the final |\s+ of GPT-2's, a difference that never shows: its
+# splitter keeps the text between matches as pieces, as Hugging Face's "Isolated" split does.
+_LLAMA_CPP_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA_CPP_LLAMA3 = (  # Llama 3's (?i:'s|...) spelled out, as llama.cpp has it
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|"
+    r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA_CPP_QWEN2 = _LLAMA_CPP_LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+
+# tokenizer.ggml.pre -> (the split patterns, applied in turn; ignore_merges; add_bos by default)
+GGUF_PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
+    "default": (
+        (r"[\p{P}\$\+<=>\^~\|]+", _LLAMA_CPP_GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
+        False,
+        False,
+    ),
+    **dict.fromkeys(["gpt-2", "phi-2"], ((_LLAMA_CPP_GPT2,), False, False)),
+    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe"], ((_LLAMA_CPP_LLAMA3,), True, True)),
+    **dict.fromkeys(["qwen2", "deepseek-r1-qwen"], ((_LLAMA_CPP_QWEN2,), False, False)),
+    # SmolLM2's: each digit alone, then GPT-2's pattern (transformers' GGUF reader drops the
+    # digits; llama.cpp and SmolLM2's own tokenizer.json keep them)
+    **dict.fromkeys(
+        ["smollm", "starcoder", "refact", "codeshell"], ((r"\p{N}", _LLAMA_CPP_GPT2), False, False)
+    ),
+}
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+
+
+def _gguf_metadata(path: Path) -> dict[str, Any]:
+    """The tokenizer.* key-values of a GGUF file, as Python values (via gguf.GGUFReader)."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ImportError(
+            f"reading {path} needs the gguf package (llama.cpp's reader): pip install gguf"
+        ) from None
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, KeyError, IndexError, OverflowError) as exc:
+        raise FileFormatError(
+            path, None, f"not a GGUF file the gguf package can read ({exc})"
+        ) from None
+    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+
+
+def _read_gguf_tokenizer(path: Path) -> BPETokenizer:
+    """A BPETokenizer from a GGUF file's metadata, by way of the tokenizer.json and
+    tokenizer_config.json it stands for (what save() then writes)."""
+    data, config = _gguf_to_hf(path, _gguf_metadata(path))
+    tok = _hf_tokenizer(path, data)
+    _configure(tok, config)
+    tok._hf_files = {
+        "tokenizer.json": json.dumps(data, ensure_ascii=False, indent=2) + "\n",
+        "tokenizer_config.json": json.dumps(config, ensure_ascii=False, indent=2) + "\n",
+    }
+    return tok
+
+
+def _gguf_to_hf(path: Path, meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """GGUF tokenizer metadata -> (tokenizer.json, tokenizer_config.json) as parsed dicts."""
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise FileFormatError(
+            path, "tokenizer.ggml.model", "is not supported (only 'gpt2': byte-level BPE)", model
+        )
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise FileFormatError(path, "tokenizer.ggml.tokens", "must be a list of strings")
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise FileFormatError(
+            path, "tokenizer.ggml.token_type", f"must have one entry per token ({len(tokens)})",
+            len(types),
+        )  # fmt: skip
+    pre = meta.get("tokenizer.ggml.pre", "default")  # llama.cpp's default when the key is absent
+    if pre not in GGUF_PRE_TOKENIZERS:
+        raise FileFormatError(
+            path, "tokenizer.ggml.pre",
+            f"is a pre-tokenizer glassgrad does not know (it knows {sorted(GGUF_PRE_TOKENIZERS)})",
+            pre,
+        )  # fmt: skip
+    patterns, ignore_merges, add_bos = GGUF_PRE_TOKENIZERS[pre]
+    added = [
+        {"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": kind == _GGUF_CONTROL}
+        for i, (token, kind) in enumerate(zip(tokens, types, strict=True))
+        if kind in (_GGUF_CONTROL, _GGUF_USER_DEFINED)
+    ]  # fmt: skip
+    special = {name: meta.get(f"tokenizer.ggml.{key}_token_id")
+               for name, key in [("bos_token", "bos"), ("eos_token", "eos"),
+                                 ("unk_token", "unknown"), ("pad_token", "padding")]}  # fmt: skip
+    for name, i in special.items():
+        if i is not None and not 0 <= i < len(tokens):
+            raise FileFormatError(path, f"tokenizer.ggml.{name}_id", "is not a token's id", i)
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", add_bos)
+    add_eos = meta.get("tokenizer.ggml.add_eos_token", False)
+    single = [{"Sequence": {"id": "A", "type_id": 0}}]
+    ends: dict[str, Any] = {}
+    for flag, name, where in [(add_bos, "bos_token", 0), (add_eos, "eos_token", len(single))]:
+        if flag:
+            if special[name] is None:
+                raise FileFormatError(path, f"tokenizer.ggml.add_{name}", f"is set with no {name}")
+            content = tokens[special[name]]
+            single.insert(where, {"SpecialToken": {"id": content, "type_id": 0}})
+            ends[content] = {"id": content, "ids": [special[name]], "tokens": [content]}
+    data = {
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                *(
+                    {
+                        "type": "Split",
+                        "pattern": {"Regex": p},
+                        "behavior": "Isolated",
+                        "invert": False,
+                    }
+                    for p in patterns
+                ),
+                {
+                    "type": "ByteLevel",
+                    "add_prefix_space": False,
+                    "trim_offsets": False,
+                    "use_regex": False,
+                },
+            ],
+        },  # fmt: skip
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": single,
+            "pair": single,
+            "special_tokens": ends,
+        },
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": False,
+            "use_regex": False,
+        },  # fmt: skip
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": ignore_merges,
+            "vocab": {token: i for i, token in enumerate(tokens)},
+            "merges": meta.get("tokenizer.ggml.merges", []),
+        },
+    }
+    config = {
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
+        **{name: tokens[i] for name, i in special.items() if i is not None},
+        "chat_template": meta.get("tokenizer.chat_template"),
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    return data, config
+
+
 # --- checkpoints ----------------------------------------------------------------------------------
 
 Tokenizer = CharTokenizer | BPETokenizer
@@ -847,8 +1213,11 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str | Path) -> None:
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
     """The tokenizer of a checkpoint or model directory: Hugging Face's tokenizer.json if there
-    is one, else GPT-2's vocab.json + merges.txt, else the character tokenizer's tokenizer.json."""
+    is one, else GPT-2's vocab.json + merges.txt, else the character tokenizer's tokenizer.json.
+    Or a .gguf file's (BPETokenizer.from_pretrained)."""
     directory = Path(directory)
+    if directory.suffix == ".gguf" and directory.is_file():
+        return BPETokenizer.from_pretrained(directory)
     data = _read_tokenizer_json(directory)
     if _is_hf(data):
         return _read_hf_tokenizer(directory, data)

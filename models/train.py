@@ -27,7 +27,6 @@ from models import loop
 from models.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
 from models.decoder import Decoder, DecoderConfig
 from models.gpt import GPT, IGNORE_INDEX, GPTConfig
-from models.hf import read_config
 from models.llama import Llama, llama_config
 from models.sft import chat_format, greedy_answer, pad_batch, read_conversations, sft_examples
 from models.tokenizer import load_tokenizer, save_tokenizer
@@ -293,14 +292,12 @@ def _chat_data(s: dict[str, Any], tokenizer: Any) -> ChatData:
     return ChatData(tokenizer, examples["train"], examples["val"], held, s["sft"], pad_id, evals)
 
 
-def _pretrained_config(directory: Path) -> DecoderConfig:
-    """The model settings of a directory models.from_pretrained reads, by its model_type."""
+def _pretrained_config(path: Path) -> DecoderConfig:
+    """The model settings of what models.from_pretrained reads (a directory or a .gguf file)."""
     try:
-        directory, config = read_config(directory)
-        family = models.FAMILIES[config.get("model_type")]
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        raise SystemExit(f"train: --init-from {directory}: {exc}") from None
-    return family.config_from_hf(config, str(directory / "config.json"))
+        return models.pretrained_config(path)
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        raise SystemExit(f"train: --init-from {path}: {exc}") from None
 
 
 def sample_text(model: GPT, tokenizer: Any, prompt: str, n_tokens: int, seed: int) -> str:

@@ -1,6 +1,7 @@
 """python -m models.train as a fine-tuning job: --init-from, --freeze, --lora-*, --grad-accum,
 and python -m models.lora merge on what a LoRA run saved (docs/finetune.md)."""
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -184,6 +185,61 @@ def test_a_hugging_face_llama_family_directory_fine_tunes_with_its_chat_template
     merged = models.from_pretrained(tmp_path / "merged", dtype=np.float64)
     x = np.arange(12)[None]
     np.testing.assert_allclose(merged(x)[0].data, model(x)[0].data, rtol=1e-10, atol=1e-12)
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_gguf_file_fine_tunes_with_lora_and_merges_into_a_directory(tmp_path):
+    """--init-from a .gguf file (a tiny llama with SmolLM2's tokenizer pipeline and a ChatML
+    template in its metadata, written by gguf's writer): LoRA trains, and models.lora merge
+    writes a Hugging Face directory (config, weights, tokenizer.json + template) whose logits
+    are base + adapter's and whose tokenizer is the file's."""
+    pytest.importorskip("gguf")
+    from models.gguf import read_metadata
+    from models.tokenizer import BPETokenizer
+
+    make = _load_script(Path(__file__).parent / "fixtures" / "gguf" / "make_fixtures.py")
+    tokenizer_file = Path(__file__).parent / "fixtures" / "tokenizers" / "gguf" / "smollm.gguf"
+    meta = read_metadata(tokenizer_file)
+    keys = ("tokens", "token_type", "merges", "pre", "bos_token_id", "eos_token_id")
+    tokenizer_keys = {f"tokenizer.ggml.{k}": meta[f"tokenizer.ggml.{k}"] for k in keys}
+    base = tmp_path / "tiny.gguf"
+    vocab = len(meta["tokenizer.ggml.tokens"])
+    make.write_llama(
+        base,
+        "Q8_0",
+        size=dict(make.SMALL, vocab=vocab),
+        metadata={**tokenizer_keys, "tokenizer.chat_template": CHATML, "llama.context_length": 256},
+    )
+    chats = tmp_path / "chats.jsonl"
+    pairs = [("2+2?", "4"), ("3+3?", "6"), ("1+1?", "2"), ("4+4?", "8")] * 3
+    chat_data.write_jsonl(chats, [chat_data.conversation(q, a) for q, a in pairs])
+    out = tmp_path / "lora"
+    argv = ["--init-from", str(base), "--sft", str(chats), "--lora-rank", "2", "--out", str(out)]
+    model, history = _fit([*argv, "--steps", "2", "--batch-size", "2", "--dtype", "float64"])
+    assert len(history["loss"]) == 2 and np.isfinite(history["loss"]).all()
+    merge = ["merge", "--base", str(base), "--adapter", str(out), "--dtype", "float64"]
+    assert models_lora.main([*merge, "--out", str(tmp_path / "merged")]) == 0
+    merged = models.from_pretrained(tmp_path / "merged", dtype=np.float64)
+    x = np.arange(12)[None]
+    np.testing.assert_allclose(merged(x)[0].data, model(x)[0].data, rtol=1e-10, atol=1e-12)
+    base_logits = models.from_pretrained(base, dtype=np.float64)(x)[0].data
+    assert np.abs(merged(x)[0].data - base_logits).max() > 1e-6  # the adapter did something
+    written, original = (BPETokenizer.from_pretrained(p) for p in (tmp_path / "merged", base))
+    text = "a = 12345 + f(x)  # Ünïcode"
+    assert written.encode(text) == original.encode(text)
+    assert written.chat_template == CHATML
+
+
+def _load_script(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_fine_tuning_benchmark_worker_runs_both_modes_on_a_tiny_llama():

@@ -86,7 +86,7 @@ def test_the_fixtures_exercise_each_setting(tokenizers):
     """Each setting read from the files changes some reference ids (else the test above would
     pass without it)."""
     llama, qwen2, smollm2 = tokenizers["llama"], tokenizers["qwen2"], tokenizers["smollm2"]
-    assert llama.ignore_merges and qwen2.normalizer == "NFC" and llama.bos == [501]
+    assert llama.ignore_merges and qwen2.normalizer == (("NFC",),) and llama.bos == [501]
     assert len(smollm2.pre_tokenizer) == 2 and smollm2.special_tokens["<|im_start|>"] == 1
     assert qwen2.added_tokens["<tool_call>"].special is False
 
@@ -111,7 +111,7 @@ def test_the_fixtures_exercise_each_setting(tokenizers):
     assert changed(llama, "llama", ignore_merges=False) == [
         "tokenization tokenization, (tokenization)"
     ]
-    assert changed(qwen2, "qwen2", normalizer=None) == ["café naïve Ünïcödé ß e\u0301 \u212b"]
+    assert changed(qwen2, "qwen2", normalizer=()) == ["café naïve Ünïcödé ß e\u0301 \u212b"]
     assert changed(llama, "llama", pre_tokenizer=qwen2.pre_tokenizer)  # \p{N}{1,3} vs \p{N}
     assert changed(smollm2, "smollm2", pre_tokenizer=smollm2.pre_tokenizer[1:])  # no Digits
 
@@ -265,7 +265,8 @@ def set_key(*keys, value):
     ("change", "message"),
     [
         (set_key("model", "type", value="WordPiece"), r"model.type = \"WordPiece\""),
-        (set_key("model", "byte_fallback", value=True), r"model.byte_fallback = true"),
+        (set_key("model", "end_of_word_suffix", value="</w>"), r"model.end_of_word_suffix"),
+        (set_key("decoder", value={"type": "Metaspace"}), r"pre_tokenizer = \{\"type\": \"Seq"),
         (set_key("model", "merges", 3, value="q z"), r"model.merges\[3\] 'q z': 'qz' is not in"),
         (set_key("model", "merges", 0, value=["a"]), r"model.merges\[0\] = \['a'\] is not a pair"),
         (set_key("added_tokens", 0, "lstrip", value=True), r"added_tokens\[0\].lstrip"),

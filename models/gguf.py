@@ -1,0 +1,394 @@
+"""GGUF files (llama.cpp's format), read through the `gguf` package, llama.cpp's own reader.
+
+One home for reading GGUF: the metadata as a dict of plain Python values (read_metadata), the
+tensors' infos, and each tensor dequantized to a requested dtype with gguf.quants.dequantize,
+the same code transformers uses. `gguf` is an optional dependency (`pip install glassgrad[gguf]`);
+it is imported only when a GGUF file is read.
+
+>>> meta = read_metadata("model.gguf")  # doctest: +SKIP
+>>> meta["general.architecture"], len(meta["tokenizer.ggml.tokens"])  # doctest: +SKIP
+('llama', 49152)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from models.errors import FileFormatError
+
+
+def _gguf() -> Any:
+    """The `gguf` package, or an ImportError that says how to get it."""
+    try:
+        import gguf
+    except ImportError:
+        raise ImportError(
+            "reading a GGUF file needs the gguf package (llama.cpp's reader): "
+            "pip install 'glassgrad[gguf]' (or pip install gguf)"
+        ) from None
+    return gguf
+
+
+def open_reader(path: str | Path) -> Any:
+    """A gguf.GGUFReader over the file (memory-mapped: tensors are read only when used). A file
+    the reader refuses (bad magic, unknown version, truncated) is a FileFormatError."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    gguf = _gguf()
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, KeyError, IndexError, OverflowError) as exc:
+        # the reader reports a broken header as one of these; numpy's memmap over a short file
+        # gives ValueError too
+        raise FileFormatError(
+            path, None, f"not a GGUF file the gguf package can read ({exc})"
+        ) from None
+
+
+def read_metadata(source: str | Path | Any) -> dict[str, Any]:
+    """Every key-value pair of a GGUF file's header, in file order, as plain Python values: str,
+    int, float, bool, or a list of them (tokenizer.ggml.tokens is a list of str). `source` is a
+    path or an open reader (open_reader). The reader's pseudo-keys for the header's own counts
+    (GGUF.version, GGUF.tensor_count, GGUF.kv_count) are left out."""
+    reader = source if hasattr(source, "fields") else open_reader(source)
+    # ReaderField.contents() turns the reader's numpy parts into Python values (numpy scalars
+    # become int/float/bool via tolist, strings are decoded as UTF-8)
+    return {
+        key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")
+    }
+
+
+# --- tensors ----------------------------------------------------------------------------------
+
+# Dequantize this many values at a time: gguf.quants makes a few float32 temporaries the size
+# of what it is given, so a whole 49152 x 576 embedding at once would cost several copies of it.
+CHUNK_VALUES = 1 << 20
+
+
+class TensorInfo(NamedTuple):
+    """A tensor as the file describes it: `dims` in GGUF's order (ne0, the contiguous one, first),
+    `shape` in numpy's (dims reversed: a (rows, columns) matrix of ne0 columns), `type` the
+    GGMLQuantizationType's name (F32, Q4_K, ...)."""
+
+    name: str
+    type: str
+    dims: tuple[int, ...]
+    shape: tuple[int, ...]
+
+
+def tensor_infos(reader: Any) -> list[TensorInfo]:
+    """The file's tensors in file order (reads no tensor data)."""
+    return [_info(t) for t in reader.tensors]
+
+
+def _info(tensor: Any) -> TensorInfo:
+    dims = tuple(int(d) for d in tensor.shape.tolist())
+    return TensorInfo(tensor.name, tensor.tensor_type.name, dims, dims[::-1])
+
+
+def supported_types() -> set[str]:
+    """The tensor types gguf.quants.dequantize turns into floats: F32, F16 and every type the
+    package registers a dequantizer for (BF16, Q4_0 ... Q8_0, the K-quants, the IQ types...)."""
+    quants = _gguf().quants
+    return {"F32", "F16"} | {qtype.name for qtype in getattr(quants, "_type_traits", {})}
+
+
+def dequantize(tensor: Any, dtype: Any, path: str | Path = "") -> np.ndarray:
+    """One tensor of the reader (a gguf ReaderTensor) as an array of `dtype` in numpy's shape
+    (GGUF's dims reversed), dequantized by gguf.quants.dequantize a group of rows at a time
+    straight into the result: the peak is the result plus one group's temporaries. Each row is
+    a whole number of blocks, so the values equal those of dequantizing the tensor at once."""
+    info = _info(tensor)
+    out = np.empty(info.shape, dtype=dtype)
+    if out.size == 0:
+        return out
+    # a plain ndarray view of the memory map: slices of an np.memmap are memmaps, whose
+    # bookkeeping cost more than the dequantizing when gguf.quants splits them into row groups
+    data = np.asarray(tensor.data)
+    rows_in = data.reshape(-1, data.shape[-1])  # quantized: (rows, bytes per row)
+    rows_out = out.reshape(-1, info.shape[-1])
+    step = max(1, CHUNK_VALUES // info.shape[-1])
+    quants = _gguf().quants
+    for start in range(0, rows_out.shape[0], step):
+        try:
+            rows_out[start : start + step] = quants.dequantize(
+                rows_in[start : start + step], tensor.tensor_type
+            )
+        except NotImplementedError:
+            raise FileFormatError(
+                path, info.name, "has a type gguf.quants cannot dequantize", info.type
+            ) from None
+    return out
+
+
+def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo the row permutation llama.cpp's converter applies to attn_q / attn_k (and their
+    biases) of a llama-architecture file (convert_hf_to_gguf.py, LlamaModel.permute), exactly as
+    transformers' GGUF loader undoes it (LlamaTensorProcessor._reverse_permute_weights).
+
+    Why it exists: HF's rotary embedding turns the pair (x_r, x_{r+D/2}) of each head (rotate
+    half), llama.cpp's "normal" rope mode turns adjacent pairs (x_{2r}, x_{2r+1}). The converter
+    interleaves each head's two halves of rows, row r and row r + D/2 becoming rows 2r and
+    2r + 1, so that llama.cpp rotates the same pairs; reading rows back in HF's order is the
+    inverse. `weight` is (rows, ...) in numpy's shape, rows = n_head * D; n_head is the number
+    of query heads for attn_q, of key/value heads for attn_k."""
+    half = weight.shape[0] // n_head // 2
+    heads = weight.reshape(n_head, half, 2, *weight.shape[1:])  # file: (head, r, pair member)
+    return heads.swapaxes(1, 2).reshape(weight.shape)  # HF: (head, which half, r)
+
+
+# --- the model: GGUF metadata and names -> a Hugging Face config and HF-named tensors ----------
+
+ARCHITECTURES = ("llama", "qwen2")
+
+# GGUF's tensor names (llama.cpp's gguf-py/gguf/constants.py) -> Hugging Face's, for the Llama
+# family (models.llama's table); a block's tensors are blk.{i}.<name>.{weight,bias}.
+GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+BLOCK_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_HF_GLOBAL = {hf: name for name, hf in GLOBAL_TENSORS.items()}
+_HF_BLOCK = {hf: name for name, hf in BLOCK_TENSORS.items()}
+_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
+
+
+def gguf_name(hf_name: str) -> str:
+    """A Hugging Face Llama-family tensor name -> the name llama.cpp gives it in a GGUF file:
+    model.layers.3.self_attn.q_proj.weight -> blk.3.attn_q.weight."""
+    if m := _HF_LAYER.fullmatch(hf_name):
+        return f"blk.{m[1]}.{_HF_BLOCK[m[2]]}.{m[3]}"
+    stem, kind = hf_name.rsplit(".", 1)
+    return f"{_HF_GLOBAL[stem]}.{kind}"
+
+
+def _value(meta: dict[str, Any], key: str, path: Path, kind: str, default: Any = ...) -> Any:
+    """meta[key] checked to be of `kind` ("str", "count": an int > 0, "number": a finite float
+    or int), or a FileFormatError naming the key as the file writes it."""
+    if key not in meta:
+        if default is ...:
+            raise FileFormatError(path, key, "is missing")
+        return default
+    value = meta[key]
+    if kind == "str":
+        ok = isinstance(value, str)
+    elif kind == "count":  # bool is an int in Python; a GGUF bool is not a count
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+    if not ok:
+        what = {"str": "a string", "count": "a positive integer", "number": "a finite number"}
+        raise FileFormatError(path, key, f"must be {what[kind]}", value)
+    return value
+
+
+def _token_id(meta: dict[str, Any], key: str, path: Path) -> int | None:
+    value = meta.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise FileFormatError(path, key, "must be a token id (an integer >= 0)", value)
+    return value
+
+
+def hf_config(meta: dict[str, Any], tensor_names: set[str], path: str | Path) -> dict[str, Any]:
+    """A GGUF file's metadata (read_metadata) -> the config.json a Hugging Face directory of the
+    same model holds, which models.llama reads (so a GGUF model and a directory go through one
+    path, its checks included). The keys are llama.cpp's: {arch}.block_count, .context_length,
+    .embedding_length, .feed_forward_length, .attention.head_count(_kv), .rope.freq_base,
+    .rope.dimension_count, .attention.layer_norm_rms_epsilon; the vocabulary's size is
+    {arch}.vocab_size or the length of tokenizer.ggml.tokens; the head is tied to the embedding
+    when the file has no output.weight (as llama.cpp and transformers decide)."""
+    path = Path(path)
+    arch = _value(meta, "general.architecture", path, "str")
+    if arch not in ARCHITECTURES:
+        raise FileFormatError(
+            path,
+            "general.architecture",
+            f"is not supported (known: {', '.join(ARCHITECTURES)})",
+            arch,
+        )
+    p = f"{arch}."
+    if meta.get(p + "expert_count"):
+        raise FileFormatError(
+            path,
+            p + "expert_count",
+            "mixture-of-experts models are not supported",
+            meta[p + "expert_count"],
+        )
+    n_embd = _value(meta, p + "embedding_length", path, "count")
+    n_head = _value(meta, p + "attention.head_count", path, "count")
+    n_kv_head = _value(meta, p + "attention.head_count_kv", path, "count", n_head)
+    # llama.cpp: the head size is attention.key_length, else embedding_length / head_count; the
+    # rotary dimensions (rope.dimension_count) must cover the whole head, as HF's Llama rotates.
+    head_dim = _value(meta, p + "attention.key_length", path, "count", n_embd // n_head)
+    value_dim = _value(meta, p + "attention.value_length", path, "count", head_dim)
+    if value_dim != head_dim:
+        raise FileFormatError(
+            path, p + "attention.value_length", f"must equal the key length {head_dim}", value_dim
+        )
+    rope_dims = _value(meta, p + "rope.dimension_count", path, "count", head_dim)
+    if rope_dims != head_dim:
+        raise FileFormatError(
+            path,
+            p + "rope.dimension_count",
+            f"partial rotary embeddings are not supported (the head size is {head_dim})",
+            rope_dims,
+        )
+    _check_rope_scaling(meta, p, tensor_names, path)
+    if p + "vocab_size" in meta:
+        vocab_size = _value(meta, p + "vocab_size", path, "count")
+    else:
+        tokens = meta.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens:
+            raise FileFormatError(
+                path,
+                "tokenizer.ggml.tokens",
+                "is missing (the vocabulary's size comes from it)",
+                tokens,
+            )
+        vocab_size = len(tokens)
+    # llama.cpp stops generating at any end-of-generation token: EOS, end-of-turn, end-of-message
+    eos = [_token_id(meta, f"tokenizer.ggml.{k}_token_id", path) for k in ("eos", "eot", "eom")]
+    eos = list(dict.fromkeys(i for i in eos if i is not None))
+    config = {
+        "model_type": arch,
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]],
+        "vocab_size": vocab_size,
+        "hidden_size": n_embd,
+        "intermediate_size": _value(meta, p + "feed_forward_length", path, "count"),
+        "num_hidden_layers": _value(meta, p + "block_count", path, "count"),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv_head,
+        "head_dim": head_dim,
+        "max_position_embeddings": _value(meta, p + "context_length", path, "count"),
+        "rms_norm_eps": float(_value(meta, p + "attention.layer_norm_rms_epsilon", path, "number")),
+        "rope_theta": float(_value(meta, p + "rope.freq_base", path, "number", 10000.0)),
+        "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "bos_token_id": _token_id(meta, "tokenizer.ggml.bos_token_id", path),
+        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
+    }
+    if arch == "llama":  # biases, when a llama file has them (Qwen2 always has q/k/v biases)
+        config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
+        config["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
+    return config
+
+
+def _check_rope_scaling(meta: dict[str, Any], p: str, tensor_names: set[str], path: Path) -> None:
+    """glassgrad's Llama rotates without scaling here: a file that scales (rope.scaling.type
+    linear / yarn / longrope with a factor other than 1, the older rope.scale_linear, or Llama
+    3's per-frequency factors stored as the tensor rope_freqs.weight) is refused, not misread."""
+    kind = meta.get(p + "rope.scaling.type", "none")
+    factor = meta.get(p + "rope.scaling.factor", 1.0)
+    if kind not in ("none", None) and factor != 1.0:
+        raise FileFormatError(path, p + "rope.scaling.type", "RoPE scaling is not supported", kind)
+    if meta.get(p + "rope.scale_linear", 1.0) != 1.0:
+        raise FileFormatError(
+            path,
+            p + "rope.scale_linear",
+            "RoPE scaling is not supported",
+            meta[p + "rope.scale_linear"],
+        )
+    if "rope_freqs.weight" in tensor_names:
+        raise FileFormatError(
+            path,
+            "rope_freqs.weight",
+            "per-frequency RoPE factors (Llama 3.1's scaling) are not supported",
+        )
+
+
+def load(path: str | Path, dtype: Any = None) -> Any:
+    """The model of a GGUF file, weights in dtype (default: the default float dtype, float32).
+
+    The metadata becomes a Hugging Face config (hf_config) and the tensors HF-named arrays in
+    HF's layout, which the family's own loader (Decoder.load_hf_tensors) takes as it takes a
+    directory's: one path builds every model. Every tensor's presence, dims and type is checked
+    before any is read; then each is dequantized straight into dtype, one at a time (the peak is
+    the model in dtype plus about one tensor)."""
+    from autograd import get_default_dtype
+    from models.decoder import _NoInit  # every weight is about to be loaded: skip the draws
+    from models.llama import Llama
+
+    path = Path(path)
+    dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
+    reader = open_reader(path)
+    meta = read_metadata(reader)
+    tensors = {t.name: t for t in reader.tensors}
+    config = hf_config(meta, set(tensors), path)
+    model = Llama(Llama.config_from_hf(config, str(path)), _NoInit())
+    expected = _expected_tensors(model, path)
+    _check_tensors(expected, tensors, path, config["model_type"])
+    n_head, n_kv_head = config["num_attention_heads"], config["num_key_value_heads"]
+    permuted = {"attn_q": n_head, "attn_k": n_kv_head} if config["model_type"] == "llama" else {}
+
+    def hf_tensors() -> Iterator[tuple[str, str, np.ndarray]]:
+        for name, tensor in tensors.items():  # file order: the memory map is read front to back
+            array = dequantize(tensor, dtype, path)
+            kind = name.split(".")[-2]  # blk.3.attn_q.weight -> attn_q
+            if kind in permuted:  # llama's converter permuted these rows (weights and biases)
+                array = unpermute_qk(array, permuted[kind])
+            yield str(path), expected[name][0], array
+
+    model.load_hf_tensors(hf_tensors(), dtype)
+    return model
+
+
+def _expected_tensors(model: Any, path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """GGUF name -> (HF name, dims as the file should write them: HF's (out, in) shape reversed,
+    i.e. glassgrad's (in, out) for Linear weights) for every parameter of the model."""
+    transposed = model.transposed_in_files()
+    expected = {}
+    for name, param in model.named_parameters():
+        hf_shape = param.shape[::-1] if name in transposed else param.shape
+        expected[gguf_name(name)] = (name, tuple(hf_shape[::-1]))
+    return expected
+
+
+def _check_tensors(
+    expected: dict[str, tuple[str, tuple[int, ...]]], tensors: dict[str, Any], path: Path, arch: str
+) -> None:
+    """Every tensor the metadata implies is present, of the right dims and of a type gguf.quants
+    dequantizes, and the file holds no other (llama.cpp refuses a file with tensors it does not
+    use, too): a FileFormatError naming the tensor otherwise."""
+    for name, (_, dims) in expected.items():
+        if name not in tensors:
+            raise FileFormatError(
+                path, name, f"is missing (the metadata describes a {arch} model with it)"
+            )
+        info = _info(tensors[name])
+        if info.dims != dims:
+            raise FileFormatError(
+                path,
+                name,
+                f"must have dims {list(dims)} (ne0 first) by the metadata",
+                list(info.dims),
+            )
+    for name in tensors:
+        if name not in expected:
+            raise FileFormatError(
+                path, name, f"is not a tensor of the {arch} model the metadata describes"
+            )
+    supported = supported_types()
+    for name, tensor in tensors.items():
+        if tensor.tensor_type.name not in supported:
+            raise FileFormatError(
+                path, name, "has a type gguf.quants cannot dequantize", tensor.tensor_type.name
+            )
