@@ -82,16 +82,21 @@ def default_model() -> Path | None:
 
 
 def load_pretrained(spec: str | Path, name: str | None) -> ex.Subject:
+    """The model and tokenizer of a directory, a .gguf file or a hub name."""
     import models
-    from models.tokenizer import load_tokenizer
+    from models.tokenizer import BPETokenizer, load_tokenizer
 
     model = models.from_pretrained(spec)
     path = Path(spec)
-    if path.is_dir():
+    if not path.exists():  # a hub name: the snapshot from_pretrained has just fetched
+        from models import hub
+
+        path = hub.resolve(spec)
+    if path.suffix.lower() == ".gguf":  # the tokenizer is in the file's metadata
+        tokenizer = BPETokenizer.from_pretrained(path)
+    else:
         tokenizer = load_tokenizer(path)
-    else:  # a .gguf file or a hub name: the tokenizer comes the way the model did
-        tokenizer = models.load_tokenizer(spec)
-    label = name or (path.stem if path.suffix else path.name)
+    label = name or (path.stem if path.is_file() else path.name)
     return ex.Subject(label, model, tokenizer, "pretrained", str(spec))
 
 
