@@ -39,10 +39,10 @@ SETTINGS: dict[str, Any] = {
     **ex.DEMO,
     "scale_tokens": 128,  # tokens of each real text the score statistics are computed on
     "samples": 1,  # sampled continuations per decoding rule
-    "new_tokens": 24,
-    "timing_tokens": 12,
-    "lora_steps": 12,
-    "lora_lr": 5e-3,
+    "new_tokens": 16,
+    "timing_tokens": 8,
+    "lora_steps": 10,
+    "lora_lr": 2e-3,
 }
 QUICK: dict[str, Any] = {  # seconds, for the tests: a tiny demo GPT
     **SETTINGS,

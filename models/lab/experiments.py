@@ -64,14 +64,14 @@ class Subject:
 # --- 1. score scale (notes 7.1, 7.3) ------------------------------------------------------------
 
 # The demo GPT of the scale experiment: the README demo's shape with 2 layers (d_k = 128 / 4 = 32,
-# so 1/sqrt(d_k) and 1/d_k differ by a factor 5.7), small enough for three runs in about a minute.
+# so 1/sqrt(d_k) and 1/d_k differ by a factor 5.7), small enough for three runs in a minute or two.
 DEMO = {
     "n_layer": 2,
     "n_head": 4,
     "n_embd": 128,
     "block_size": 64,
     "batch_size": 16,
-    "steps": 300,
+    "steps": 200,
     "lr": 3e-3,
     "seed": 1337,
     "eval_every": 25,
