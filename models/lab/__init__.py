@@ -120,6 +120,8 @@ def run(
     else:
         initial, trained, curves = ex.train_demo(corpus, "1/sqrt(d_k)", settings)
         training, demo = None, (initial, trained, curves)
+    timings = {"demo GPT training": time.perf_counter() - clock}
+    print(f"demo GPT training: {timings['demo GPT training']:.0f} s", flush=True)
     found = default_model() if model is None else model
     if found is None or found == "demo":
         subject = ex.Subject("demo GPT", demo[1], corpus.tokenizer, "demo", "trained here")
@@ -146,7 +148,6 @@ def run(
         | {"why": why, "why_zh": why_zh},
         "settings": settings,
     }
-    timings = {}
     for experiment in names:
         start = time.perf_counter()
         if experiment == "scale":
