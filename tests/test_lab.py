@@ -236,7 +236,7 @@ def test_the_command_writes_plots_results_and_an_offline_bilingual_page(tmp_path
         )
     assert set(results["scale"]["training"]["runs"]) == {"1/sqrt(d_k)", "1", "1/d_k"}
     assert results["medical"]["prompts"]["zh"]["prompt"] == "患者服用华法林后出现"
-    assert results["progress"]["steps"] == 3
+    assert results["progress"]["steps"] == 2
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == sorted(f"{n}.png" for n in lab.EXPERIMENTS + ("scale_training",))
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in out.glob("*.png"))

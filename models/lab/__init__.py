@@ -51,12 +51,12 @@ QUICK: dict[str, Any] = {  # seconds, for the tests: a tiny demo GPT
     "n_embd": 16,
     "block_size": 64,
     "batch_size": 4,
-    "steps": 6,
-    "eval_every": 3,
+    "steps": 4,
+    "eval_every": 2,
     "scale_tokens": 24,
-    "new_tokens": 4,
-    "timing_tokens": 3,
-    "lora_steps": 3,
+    "new_tokens": 3,
+    "timing_tokens": 2,
+    "lora_steps": 2,
 }
 
 # real text for the score statistics: the notes' own 7.1, and Python source

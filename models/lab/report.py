@@ -282,6 +282,14 @@ def medical_texts(data: dict, subject: str) -> list[tuple[str, Words]]:
                 ),
             )
         )
+        lines = [
+            f"{q['position']:>3} {q['token']!r:>12} -> top {q['top'][0]['token']!r} "
+            f"{q['top'][0]['p']:.3f}"
+            + ("" if q["next_actual"] is None else f"; p(next in prompt {q['next_actual']!r}) ")
+            + ("" if q["p_next_actual"] is None else f"{q['p_next_actual']:.3f}")
+            for q in p["positions"]
+        ]
+        rows.append(("code", "\n".join(lines)))
         for c in p["continuations"]:
             rows.append(
                 (
