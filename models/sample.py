@@ -1,8 +1,9 @@
-"""Continue a prompt: `python -m models.sample --ckpt runs/demo --prompt "def "`.
+"""Continue a prompt: `python -m models.sample --model runs/demo --prompt "def "`.
 
 Loads a checkpoint directory written by models.train (config.json + model.safetensors +
-tokenizer.json, or vocab.json + merges.txt for BPE) or a Hugging Face download of any family
-models.from_pretrained reads (GPT-2, Llama, Qwen2, Mistral, SmolLM2, ...), and prints the prompt
+tokenizer.json, or vocab.json + merges.txt for BPE), a Hugging Face download of any family
+models.from_pretrained reads (GPT-2, Llama, Qwen2, Mistral, SmolLM2, ...), a llama.cpp .gguf file
+(model and tokenizer in one) or a hub name (`org/name`, models.hub), and prints the prompt
 followed by the generated text (notes 12: one token at a time from the last position's
 distribution, with the KV cache unless --no-cache), stopping at the model's end-of-text ids.
 """
@@ -16,15 +17,23 @@ from pathlib import Path
 import numpy as np
 
 import models
+from models import hub
 from models.decoder import Decoder
-from models.tokenizer import Tokenizer, load_tokenizer
+from models.tokenizer import BPETokenizer, Tokenizer, load_tokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m models.sample", description="Generate text from a model directory."
     )
-    p.add_argument("--ckpt", default="runs/demo", help="checkpoint directory (default runs/demo)")
+    p.add_argument(
+        "--model",
+        "--ckpt",
+        dest="model",
+        default="runs/demo",
+        help="a model directory, a .gguf file or a hub name org/name (default runs/demo)",
+    )
+    p.add_argument("--revision", default=None, help="of a hub name: a branch, tag or commit")
     p.add_argument("--prompt", default="def ", help="text to continue (default 'def ')")
     p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
@@ -36,17 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load(ckpt: str | Path) -> tuple[Decoder, Tokenizer]:
-    """The model and tokenizer of a checkpoint directory."""
-    tokenizer = load_tokenizer(ckpt)  # first: its error says what a checkpoint directory holds
-    return models.from_pretrained(ckpt), tokenizer
+def load(model: str | Path, revision: str | None = None) -> tuple[Decoder, Tokenizer]:
+    """The model and tokenizer of a checkpoint or model directory, a .gguf file (which holds
+    both) or a hub name (`org/name` at revision, fetched once into the cache: models.hub)."""
+    path = hub.resolve(model, revision)
+    if path.suffix == ".gguf":
+        tokenizer: Tokenizer = BPETokenizer.from_pretrained(path)
+    else:  # first: its error says what a checkpoint directory holds
+        tokenizer = load_tokenizer(path)
+    return models.from_pretrained(path), tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (glassgrad-sample)."""
     args = build_parser().parse_args(argv)
     try:
-        model, tokenizer = load(args.ckpt)
+        model, tokenizer = load(args.model, args.revision)
         ids = np.asarray(tokenizer.encode(args.prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("--prompt is empty; give at least one character")

@@ -29,6 +29,7 @@ import numpy as np
 import regex
 
 import nn
+from models import hub
 from models.chat_template import render_chat_template
 from models.errors import FileFormatError
 
@@ -649,12 +650,13 @@ class BPETokenizer:
         nn.save_text_atomic(directory / "merges.txt", "\n".join(lines) + "\n")
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> BPETokenizer:
+    def from_pretrained(cls, directory: str | Path, revision: str | None = None) -> BPETokenizer:
         """Load a tokenizer directory: Hugging Face's tokenizer.json (+ tokenizer_config.json,
         for the chat template) if it has one, else GPT-2's vocab.json + merges.txt (a directory
         written by save, or GPT-2's own: a download of gpt2 has all three, which agree). Or a
-        llama.cpp .gguf file: the tokenizer and chat template of its metadata."""
-        directory = Path(directory)
+        llama.cpp .gguf file: the tokenizer and chat template of its metadata. A hub name
+        ("org/name", at `revision`) that is not a local path is fetched (models.hub)."""
+        directory = hub.resolve(directory, revision, hub.TOKENIZER_FILES)
         if directory.suffix == ".gguf" and not directory.is_dir():
             return _read_gguf_tokenizer(directory)
         data = _read_tokenizer_json(directory)
@@ -1214,8 +1216,8 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str | Path) -> None:
 def load_tokenizer(directory: str | Path) -> Tokenizer:
     """The tokenizer of a checkpoint or model directory: Hugging Face's tokenizer.json if there
     is one, else GPT-2's vocab.json + merges.txt, else the character tokenizer's tokenizer.json.
-    Or a .gguf file's (BPETokenizer.from_pretrained)."""
-    directory = Path(directory)
+    Or a .gguf file's, or a hub name's (BPETokenizer.from_pretrained)."""
+    directory = hub.resolve(directory, None, hub.TOKENIZER_FILES)
     if directory.suffix == ".gguf" and directory.is_file():
         return BPETokenizer.from_pretrained(directory)
     data = _read_tokenizer_json(directory)
