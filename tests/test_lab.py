@@ -254,5 +254,6 @@ def test_the_default_model_is_the_installed_packages_gguf(tmp_path, monkeypatch)
     (package / "__init__.py").write_text("raise ImportError('llama_cpp is not installed')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert lab.default_model() is None  # the package without its file
-    (package / lab.DEFAULT_FILE).write_bytes(b"GGUF")
-    assert lab.default_model() == package / lab.DEFAULT_FILE
+    gguf = package / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert lab.default_model() == gguf

