@@ -100,9 +100,11 @@ def weight_bytes(model: Path, parameters: int) -> tuple[float, str]:
         return 4.0 * parameters, "float32"
     from gguf import GGUFReader
 
-    tensors = GGUFReader(model).tensors
-    kinds = sorted({t.tensor_type.name for t in tensors})
-    return float(sum(int(t.n_bytes) for t in tensors)), "/".join(kinds)
+    by_type: dict[str, int] = {}
+    for tensor in GGUFReader(model).tensors:
+        kind = tensor.tensor_type.name
+        by_type[kind] = by_type.get(kind, 0) + int(tensor.n_bytes)
+    return float(sum(by_type.values())), max(by_type, key=by_type.get)  # the main type, by bytes
 
 
 def _python_has(python: str, modules: str) -> bool:

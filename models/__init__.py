@@ -45,9 +45,7 @@ def pretrained_config(path: str | Path, revision: str | None = None) -> DecoderC
     if path.suffix.lower() == ".gguf":
         from models import gguf
 
-        reader = gguf.open_reader(path)
-        config = gguf.hf_config(gguf.read_metadata(reader), {t.name for t in reader.tensors}, path)
-        return Llama.config_from_hf(config, str(path))
+        return Llama.config_from_hf(gguf.read_config(path), str(path))
     directory, config = read_config(path)
     source = directory / "config.json"
     return _family(config, source).config_from_hf(config, str(source))

@@ -92,11 +92,18 @@ def _info(tensor: Any) -> TensorInfo:
     return TensorInfo(tensor.name, tensor.tensor_type.name, dims, dims[::-1])
 
 
-def supported_types() -> set[str]:
-    """The tensor types gguf.quants.dequantize turns into floats: F32, F16 and every type the
-    package registers a dequantizer for (BF16, Q4_0 ... Q8_0, the K-quants, the IQ types...)."""
-    quants = _gguf().quants
-    return {"F32", "F16"} | {qtype.name for qtype in getattr(quants, "_type_traits", {})}
+def supported(qtype: Any) -> bool:
+    """Whether gguf.quants.dequantize reads tensors of this GGMLQuantizationType: F32, F16 and
+    every type the installed package has a dequantizer for (BF16, Q4_0 ... Q8_0, the K-quants,
+    the IQ types...; not F64 or the integer types). Asked of the package itself, on one block
+    of zero bytes, so a newer gguf's types work without a change here."""
+    gguf = _gguf()
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    try:
+        gguf.quants.dequantize(np.zeros((1, type_size), np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def dequantize(tensor: Any, dtype: Any, path: str | Path = "") -> np.ndarray:
@@ -114,16 +121,15 @@ def dequantize(tensor: Any, dtype: Any, path: str | Path = "") -> np.ndarray:
     rows_in = data.reshape(-1, data.shape[-1])  # quantized: (rows, bytes per row)
     rows_out = out.reshape(-1, info.shape[-1])
     step = max(1, CHUNK_VALUES // info.shape[-1])
+    if not supported(tensor.tensor_type):
+        raise FileFormatError(
+            path, info.name, "has a type gguf.quants cannot dequantize", info.type
+        )
     quants = _gguf().quants
     for start in range(0, rows_out.shape[0], step):
-        try:
-            rows_out[start : start + step] = quants.dequantize(
-                rows_in[start : start + step], tensor.tensor_type
-            )
-        except NotImplementedError:
-            raise FileFormatError(
-                path, info.name, "has a type gguf.quants cannot dequantize", info.type
-            ) from None
+        rows_out[start : start + step] = quants.dequantize(
+            rows_in[start : start + step], tensor.tensor_type
+        )
     return out
 
 
@@ -315,6 +321,12 @@ def _check_rope_scaling(meta: dict[str, Any], p: str, tensor_names: set[str], pa
         )
 
 
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The Hugging Face config a GGUF file stands for (hf_config), without reading its weights."""
+    reader = open_reader(path)
+    return hf_config(read_metadata(reader), {t.name for t in reader.tensors}, path)
+
+
 def load(path: str | Path, dtype: Any = None) -> Any:
     """The model of a GGUF file, weights in dtype (default: the default float dtype, float32).
 
@@ -330,9 +342,11 @@ def load(path: str | Path, dtype: Any = None) -> Any:
     path = Path(path)
     dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
     reader = open_reader(path)
-    meta = read_metadata(reader)
     tensors = {t.name: t for t in reader.tensors}
-    config = hf_config(meta, set(tensors), path)
+    config = hf_config(read_metadata(reader), set(tensors), path)
+    # The reader keeps every metadata string as numpy arrays of its own (SmolLM2's 49152 tokens
+    # and 48900 merges: ~170 MB); the model needs none of it, so free it before the weights come.
+    reader.fields.clear()
     model = Llama(Llama.config_from_hf(config, str(path)), _NoInit())
     expected = _expected_tensors(model, path)
     _check_tensors(expected, tensors, path, config["model_type"])
@@ -386,9 +400,8 @@ def _check_tensors(
             raise FileFormatError(
                 path, name, f"is not a tensor of the {arch} model the metadata describes"
             )
-    supported = supported_types()
     for name, tensor in tensors.items():
-        if tensor.tensor_type.name not in supported:
+        if not supported(tensor.tensor_type):
             raise FileFormatError(
                 path, name, "has a type gguf.quants cannot dequantize", tensor.tensor_type.name
             )

@@ -7,10 +7,12 @@ the most frequent adjacent pair, so frequent words become single tokens and any 
 script, still has an encoding. BPETokenizer learns GPT-2's kind, reads GPT-2's vocab.json +
 merges.txt, and reads Hugging Face's tokenizer.json for the byte-level BPE models since (Llama 3,
 Qwen2, SmolLM2: their own split patterns, added tokens such as <|im_start|>), with the chat
-template of tokenizer_config.json (models.chat_template). A checkpoint directory holds one of
-them: the character `tokenizer.json`, GPT-2's two files or Hugging Face's `tokenizer.json`;
-save_tokenizer / load_tokenizer pick the right files, so a sampler decodes exactly the ids the
-model was trained on.
+template of tokenizer_config.json (models.chat_template); also the SentencePiece-style BPE over
+characters of Llama 2, TinyLlama and Mistral, and the tokenizer in a llama.cpp GGUF file's
+metadata. Each gives the ids of Hugging Face's `tokenizers` on the same file. A checkpoint
+directory holds one of them: the character `tokenizer.json`, GPT-2's two files or Hugging Face's
+`tokenizer.json`; save_tokenizer / load_tokenizer pick the right files, so a sampler decodes
+exactly the ids the model was trained on.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 import regex
 
 import nn
-from models import hub
+from models import gguf, hub
 from models.chat_template import render_chat_template
 from models.errors import FileFormatError
 
@@ -171,6 +173,38 @@ def _merge(parts: list[str], a: str, b: str) -> list[str]:
     return out
 
 
+# The merge loop above rescans the piece after each merge: quadratic in its length, fastest for
+# the short pieces a split pattern makes. Without one (Llama 2's older files: the whole text is
+# one piece), a piece longer than this goes to _merge_by_heap.
+_LONG_PIECE = 64
+
+
+def _merge_by_heap(parts: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """The same merges in O(n log n), as Hugging Face's Word.merge_all: a heap of (rank,
+    position) over the adjacent pairs, the symbols a linked list; an entry whose pair changed
+    since it was pushed is skipped. Lowest rank first, leftmost first among equals: GPT-2's
+    order, as the loop merges every occurrence of one pair left to right before the next."""
+    n = len(parts)
+    symbols: list[str | None] = list(parts)
+    after, before = list(range(1, n + 1)), list(range(-1, n - 1))  # n / -1: no neighbour
+    heap = [(ranks[pair], i) for i, pair in enumerate(pairwise(parts)) if pair in ranks]
+    heapq.heapify(heap)
+    while heap:
+        rank, i = heapq.heappop(heap)
+        j = after[i]
+        if symbols[i] is None or j == n or ranks.get((symbols[i], symbols[j])) != rank:
+            continue  # stale: one side was merged away since this entry was pushed
+        symbols[i], symbols[j] = symbols[i] + symbols[j], None
+        after[i] = after[j]
+        if after[i] < n:
+            before[after[i]] = i
+        for left in (before[i], i):  # the two new pairs around the merged symbol
+            right = after[left] if left >= 0 else n
+            if left >= 0 and right < n and (symbols[left], symbols[right]) in ranks:
+                heapq.heappush(heap, (ranks[symbols[left], symbols[right]], left))
+    return [symbol for symbol in symbols if symbol is not None]
+
+
 @dataclass(frozen=True)
 class AddedToken:
     """A token matched whole in the text before pre-tokenization, never split or merged.
@@ -262,7 +296,8 @@ class BPETokenizer:
         if unk_token is not None and unk_token not in vocab:
             raise ValueError(f"the unk token {unk_token!r} is not in the vocabulary")
         self.unk_token, self.fuse_unk = unk_token, fuse_unk
-        self._complete = all(t in vocab for t in _BYTE_TOKENS)  # no byte is ever unknown
+        # no symbol is ever unknown (byte-level, all 256 bytes); characters may always be
+        self._complete = byte_level and all(t in vocab for t in _BYTE_TOKENS)
         bad = {t: i for t, i in vocab.items() if type(i) is not int or i < 0}
         if bad:
             raise ValueError(f"ids must be non-negative integers: {list(bad.items())[:5]}")
@@ -279,8 +314,6 @@ class BPETokenizer:
         self.bos, self.eos = list(bos), list(eos)
         self.byte_level, self.metaspace, self.byte_fallback = byte_level, metaspace, byte_fallback
         self.decode_byte_tokens, self.strip = decode_byte_tokens, strip
-        if not byte_level:  # characters: any of them may be missing
-            self._complete = False
         self._ranks = {pair: rank for rank, pair in enumerate(self.merges)}
         self._patterns = [regex.compile(p) for p in self.pre_tokenizer]
         self._bytes: dict[int, bytes] = {}  # id -> the bytes it decodes to
@@ -491,6 +524,8 @@ class BPETokenizer:
             return ["".join(parts)]  # Llama 3: a piece that is a token is taken whole
         if not self._complete:
             parts = self._known(parts)
+        if len(parts) > _LONG_PIECE:  # a whole text, in SentencePiece's older files
+            return _merge_by_heap(parts, self._ranks)
         ranks, never = self._ranks, len(self._ranks)
         while len(parts) > 1:
             pair = min(pairwise(parts), key=lambda p: ranks.get(p, never))
@@ -1053,29 +1088,10 @@ GGUF_PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
 _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
 
 
-def _gguf_metadata(path: Path) -> dict[str, Any]:
-    """The tokenizer.* key-values of a GGUF file, as Python values (via gguf.GGUFReader)."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise ImportError(
-            f"reading {path} needs the gguf package (llama.cpp's reader): pip install gguf"
-        ) from None
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
-    try:
-        reader = GGUFReader(path)
-    except (ValueError, KeyError, IndexError, OverflowError) as exc:
-        raise FileFormatError(
-            path, None, f"not a GGUF file the gguf package can read ({exc})"
-        ) from None
-    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-
-
 def _read_gguf_tokenizer(path: Path) -> BPETokenizer:
     """A BPETokenizer from a GGUF file's metadata, by way of the tokenizer.json and
     tokenizer_config.json it stands for (what save() then writes)."""
-    data, config = _gguf_to_hf(path, _gguf_metadata(path))
+    data, config = _gguf_to_hf(path, gguf.read_metadata(path))
     tok = _hf_tokenizer(path, data)
     _configure(tok, config)
     tok._hf_files = {
@@ -1090,7 +1106,12 @@ def _gguf_to_hf(path: Path, meta: dict[str, Any]) -> tuple[dict[str, Any], dict[
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise FileFormatError(
-            path, "tokenizer.ggml.model", "is not supported (only 'gpt2': byte-level BPE)", model
+            path,
+            "tokenizer.ggml.model",
+            "is not supported: glassgrad reads byte-level BPE ('gpt2') from GGUF files, not "
+            "'llama' (SentencePiece with scores) or others; transformers can convert the file "
+            "to a directory (AutoTokenizer.from_pretrained(dir, gguf_file=...).save_pretrained)",
+            model,
         )
     tokens = meta.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):

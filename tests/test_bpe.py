@@ -195,6 +195,27 @@ def test_incremental_training_equals_recounting(text, n_merges):
 bytes_to_unicode_inverse = {c: b for b, c in bytes_to_unicode().items()}
 
 
+def gpt2_loop(parts, ranks):
+    """GPT-2's encoder.py: merge every occurrence of the lowest-ranked pair present, again."""
+    while len(parts) > 1:
+        pair = min(pairwise(parts), key=lambda p: ranks.get(p, math.inf))
+        if pair not in ranks:
+            return parts
+        parts = models.tokenizer._merge(parts, *pair)
+    return parts
+
+
+@settings(max_examples=200)
+@given(text=small_texts, n_merges=st.integers(0, 40), piece=st.text(alphabet="ab 'é", max_size=300))
+@example(text="aaaaaaa aaa aa a aaaaa", n_merges=10, piece="a" * 100)
+def test_merging_long_pieces_by_heap_equals_gpt2s_loop(text, n_merges, piece):
+    """A piece longer than _LONG_PIECE (a whole text, in Llama 2's older files) is merged with
+    a heap, in O(n log n): the same tokens as GPT-2's loop, ties and overlaps (a a a) included."""
+    tok = BPETokenizer.train(text, 257 + n_merges)
+    parts = [bytes_to_unicode()[b] for b in piece.encode()]
+    assert models.tokenizer._merge_by_heap(parts, tok._ranks) == gpt2_loop(parts, tok._ranks)
+
+
 def test_tie_rule_and_early_stop():
     # Each of ab, cd, ef occurs twice: the strings decide, (a, b) < (c, d) < (e, f).
     tok = BPETokenizer.train("ef cd ab ef cd ab", vocab_size=300)

@@ -20,7 +20,7 @@ from models import gguf as mg
 from models.errors import FileFormatError
 from models.llama import Llama
 
-pytest.importorskip("gguf")
+gguf = pytest.importorskip("gguf")
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "gguf"
 REFS = json.loads((FIXTURES / "references.json").read_text())
@@ -195,10 +195,16 @@ def test_tensor_of_the_wrong_shape(tmp_path):
     assert "[32, 16]" in str(err)
 
 
-def test_unsupported_tensor_type(tmp_path):
-    # F64: the writer can store it, gguf.quants.dequantize cannot read it (transformers neither)
+def test_unsupported_tensor_type(tmp_path, monkeypatch):
+    # F64: the writer can store it, gguf.quants.dequantize cannot read it (transformers neither);
+    # refused before any tensor is read (it is the file's last)
+    read = []
+    monkeypatch.setattr(mg, "dequantize", lambda *args: read.append(args))
     err = _refused(tmp_path, tensors={"blk.0.attn_norm.weight": np.ones(32, np.float64)})
     assert err.field == "blk.0.attn_norm.weight" and err.value == "F64"
+    assert read == []
+    assert not mg.supported(gguf.GGMLQuantizationType.I32)
+    assert all(mg.supported(gguf.GGMLQuantizationType[t]) for t in ("BF16", "Q4_K", "IQ4_NL"))
 
 
 def test_tensor_the_model_does_not_have(tmp_path):

@@ -206,7 +206,8 @@ def test_gguf_without_a_pre_tokenizer_is_llama_cpps_default(tmp_path, gguf_token
     [
         ({"tokenizer.ggml.pre": "gpt4"}, r"m.gguf: tokenizer.ggml.pre: is a pre-tokenizer "
          r"glassgrad does not know \(it knows \[.*'smollm'.*\]\), got 'gpt4'"),
-        ({"tokenizer.ggml.model": "bert"}, r"tokenizer.ggml.model: is not supported .*'bert'"),
+        ({"tokenizer.ggml.model": "bert"},
+         r"tokenizer.ggml.model: is not supported: .* not 'llama' .*, got 'bert'"),
         ({"tokenizer.ggml.token_type": [1, 3]}, r"token_type: must have one entry per token"),
         ({"tokenizer.ggml.bos_token_id": 10**6}, r"bos_token_id: is not a token's id"),
         ({"tokenizer.ggml.merges": ["a zz"]}, r"m.gguf: model.merges\[0\] 'a zz': 'zz' is not in"),
