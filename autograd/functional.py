@@ -768,7 +768,7 @@ def attention_weights(
 ) -> Tensor:
     """A = softmax(q k^T * scale) on the allowed set, (B, H, Tq, Tk), as Tensor ops: the explicit
     path, in which every weight is a node of the graph that a caller can read, differentiate and
-    edit before O = A v (models/lab.py measures attention so). scaled_dot_product_attention is the
+    edit before O = A v (models/lab measures attention so). scaled_dot_product_attention is the
     fused path, with the same result. scale: 1/sqrt(D) by default; k (B, Hkv, Tk, D) may have
     fewer heads than q (grouped-query); causal and mask as in scaled_dot_product_attention."""
     q, k = _tensor(q), _tensor(k)

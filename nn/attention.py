@@ -168,7 +168,7 @@ class Attention(Module):
     RotaryPositions shared by the model's layers, True for tables of max_len of this layer's own,
     or False. qkv_bias (default bias): biases on the q/k/v projections; bias: on W_O.
 
-    Two settings for measuring attention (models/lab.py), off by default:
+    Two settings for measuring attention (models/lab), off by default:
     - score_scale: the factor of q.k in the scores instead of 1/sqrt(D) (notes 7.1, 7.3), applied
       to q before the fused kernel, so that a compiled training step runs it too;
     - probe: an object with weights(attn, q, k, a) -> a and heads(attn, o) -> o. When set, the
