@@ -15,7 +15,7 @@ from autograd import check_packages  # nn, imported by models.gpt, checks autogr
 from models.decoder import Decoder, DecoderConfig
 from models.errors import FileFormatError
 from models.gpt import GPT, GPTConfig
-from models.hf import read_config
+from models.hf import Fields, read_config
 from models.hub import resolve
 from models.llama import Llama
 from models.tokenizer import BPETokenizer, CharTokenizer
@@ -23,19 +23,27 @@ from models.tokenizer import BPETokenizer, CharTokenizer
 FAMILIES = {"gpt2": GPT, "llama": Llama, "qwen2": Llama, "mistral": Llama}
 
 
-def from_pretrained(path: str | Path, dtype: Any = None, revision: str | None = None) -> Decoder:
+def from_pretrained(
+    path: str | Path,
+    dtype: Any = None,
+    revision: str | None = None,
+    max_bytes: int | None = None,
+) -> Decoder:
     """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
     model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama; or of a llama.cpp GGUF file (a
     path ending in .gguf: models.gguf, which needs the gguf package). Weights in dtype (default
     float32). A hub name ("org/name", at `revision`) that is not a local path is fetched
-    (models.hub)."""
+    (models.hub).
+
+    A malformed file is a FileFormatError naming it and the field; a model too large for the
+    memory available (or max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before allocating."""
     path = resolve(path, revision)
     if path.suffix.lower() == ".gguf":
         from models import gguf  # the optional gguf package is imported only for GGUF files
 
-        return gguf.load(path, dtype)
+        return gguf.load(path, dtype, max_bytes)
     directory, config = read_config(path)
-    return _family(config, directory / "config.json").from_pretrained(path, dtype)
+    return _family(config, directory / "config.json").from_pretrained(path, dtype, max_bytes)
 
 
 def pretrained_config(path: str | Path, revision: str | None = None) -> DecoderConfig:
@@ -52,12 +60,7 @@ def pretrained_config(path: str | Path, revision: str | None = None) -> DecoderC
 
 
 def _family(config: dict[str, Any], source: Path) -> type[Decoder]:
-    model_type = config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in FAMILIES:
-        raise ValueError(
-            f"{source}: model_type {model_type!r} is not supported (known: {', '.join(FAMILIES)})"
-        )
-    return FAMILIES[model_type]
+    return FAMILIES[Fields(config, source).choice("model_type", tuple(FAMILIES))]
 
 
 __all__ = [

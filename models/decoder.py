@@ -26,6 +26,7 @@ per token instead of re-running the whole O(T^2) prefix.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ import autograd.functional as F
 import nn
 from autograd import Tensor, get_default_dtype, no_grad
 from models import hf
+from models.errors import FileFormatError
 
 IGNORE_INDEX = -100  # a target that does not count in the loss (padding, prompt tokens, ...)
 
@@ -88,6 +90,13 @@ class DecoderConfig:
                     "(each head gets n_embd // n_head dimensions)"
                 )
             self.head_dim = self.n_embd // self.n_head
+        for key in ("n_kv_head", "head_dim", "ffn_hidden"):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name}: {key} must be None or a positive integer, got {value!r}")
+            setattr(self, key, int(value))
         self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
         if self.n_head % self.n_kv_head:
             raise ValueError(f"{name}: n_kv_head {self.n_kv_head} must divide n_head {self.n_head}")
@@ -104,6 +113,20 @@ class DecoderConfig:
                 raise ValueError(
                     f"{name}: {key} must be one of {allowed}, got {getattr(self, key)!r}"
                 )
+
+    def parameter_count(self) -> int:
+        """The number of parameters a Decoder of these settings holds, computed without
+        building it (a loader refuses a config too large for memory before allocating)."""
+        c, hd = self, self.head_dim
+        norm = c.n_embd * (2 if c.norm == "layernorm" and c.bias else 1)
+        attention = c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head)  # q, k, v, o
+        attention += hd * (c.n_head + 2 * c.n_kv_head) * c.qkv_bias + c.n_embd * c.bias
+        matrices = 3 if c.mlp == "swiglu" else 2
+        mlp = matrices * c.n_embd * c.ffn_hidden + (matrices - 1) * c.ffn_hidden * c.bias
+        mlp += c.n_embd * c.bias
+        total = c.vocab_size * c.n_embd * (1 if c.tie_word_embeddings else 2)
+        total += c.block_size * c.n_embd if c.positions == "learned" else 0
+        return total + c.n_layer * (2 * norm + attention + mlp) + norm
 
 
 class Body(nn.Module):
@@ -147,6 +170,7 @@ class Decoder(nn.Module):
     names: dict[str, str] = {}  # role -> the family's name; {} = GPT-2's names
     layout = "gpt2"  # the blocks' names and q/k/v projections (nn.Attention)
     linear_weights_transposed = False  # does the family's file store Linear weights (out, in)?
+    hf_layer_field = "n_layer"  # config.json's name for the number of blocks
 
     def __init__(self, config: DecoderConfig, rng: np.random.Generator | None = None) -> None:
         super().__init__()
@@ -398,9 +422,65 @@ class Decoder(nn.Module):
             return set()
         return {f"{name}.weight" for name, m in self.named_modules() if isinstance(m, nn.Linear)}
 
+    def load_hf_files(self, headers: list[nn.SafetensorsHeader], dtype: Any, whole: Path) -> None:
+        """Load the weights of the family's safetensors files (their headers, hf.read_header):
+        every header is checked against the model first (each tensor a parameter, once,
+        floating-point, in the config's shape; no parameter missing from `whole`, the file or
+        index that lists them) and only then are the tensors read, one at a time, converted to
+        dtype and (Llama) transposed to (in, out)."""
+        params = dict(self.named_parameters())
+        transposed = self.transposed_in_files()
+        where: dict[str, Path] = {}  # parameter -> the file holding it
+        plan = []
+        for header in headers:
+            file, names = header.path, []
+            for hf_name, (kind, shape, _) in header.tensors.items():
+                name = self.hf_name(hf_name)
+                if name is None:
+                    continue
+                if name not in params:
+                    raise FileFormatError(
+                        file, None, f"tensor {hf_name!r} is not a parameter of {self.describe()}"
+                    )
+                if name in where:
+                    raise FileFormatError(
+                        file, None, f"tensor {hf_name!r} is stored twice (also in {where[name]})"
+                    )
+                if kind not in nn.FLOAT_DTYPES:
+                    raise FileFormatError(
+                        file,
+                        None,
+                        f"tensor {hf_name!r} has dtype {kind}, a floating-point parameter needs "
+                        f"one of {', '.join(nn.FLOAT_DTYPES)}",
+                    )
+                expected = params[name].shape[::-1] if name in transposed else params[name].shape
+                if shape != expected:
+                    raise FileFormatError(
+                        file,
+                        None,
+                        f"tensor {hf_name!r} has shape {shape}, the config gives {expected}",
+                    )
+                where[name] = file
+                names.append(hf_name)
+            plan.append((header, names))
+        missing = [name for name in params if name not in where]
+        if missing:
+            raise FileFormatError(
+                whole, None, f"the checkpoint lacks {', '.join(missing)} ({self.describe()})"
+            )
+        self.load_hf_tensors(
+            (
+                (str(h.path), name, array)
+                for h, names in plan
+                for name, array in hf.read_tensors(h, names)
+            ),
+            dtype,
+        )
+
     def load_hf_tensors(self, tensors: Iterator[tuple[str, str, np.ndarray]], dtype: Any) -> None:
         """Copy (file, name, array) one at a time into the parameters, converting to dtype and
-        (Llama) transposing Linear weights to (in, out); every parameter must be found once."""
+        (Llama) transposing Linear weights to (in, out); every parameter must be found once
+        (load_hf_files checks safetensors headers first; models.gguf its own tensors)."""
         params = dict(self.named_parameters())
         transposed = self.transposed_in_files()
         loaded = set()
@@ -409,19 +489,14 @@ class Decoder(nn.Module):
             if name is None:
                 continue
             if name not in params:
-                raise ValueError(
-                    f"{source}: tensor {hf_name!r} is not a parameter of {self.describe()}"
-                )
-            param = params[name]
-            expected = param.shape[::-1] if name in transposed else param.shape
+                problem = f"tensor {hf_name!r} is not a parameter of {self.describe()}"
+                raise FileFormatError(source, None, problem)
+            expected = params[name].shape[::-1] if name in transposed else params[name].shape
             if array.shape != expected:
-                raise ValueError(
-                    f"{source}: tensor {hf_name!r} has shape {array.shape}, the config gives "
-                    f"{expected}"
-                )
-            if name in transposed:
-                array = array.T
-            param.data = np.ascontiguousarray(array, dtype=dtype)
+                problem = f"tensor {hf_name!r} has shape {array.shape}, the config gives {expected}"
+                raise FileFormatError(source, None, problem)
+            array = array.T if name in transposed else array
+            params[name].data = np.ascontiguousarray(array, dtype=dtype)
             loaded.add(name)
         missing = [name for name in params if name not in loaded]
         if missing:
@@ -442,21 +517,46 @@ class Decoder(nn.Module):
         hf.write_directory(directory, self.hf_config(), self.hf_tensors(), metadata)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: Any = None) -> Decoder:
+    def from_pretrained(
+        cls, path: str | Path, dtype: Any = None, max_bytes: int | None = None
+    ) -> Decoder:
         """Load a Hugging Face directory of this family (config.json + model.safetensors or its
-        shards); weights converted to dtype (default: the default float dtype, float32)."""
+        shards); weights converted to dtype (default: the default float dtype, float32).
+
+        A model whose parameters need more bytes than are available (MemAvailable, or
+        max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before anything is allocated. Every
+        file is checked as it is read; a malformed one is a models.FileFormatError naming it."""
+        path = Path(path)
         directory, config = hf.read_config(path)
         dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
-        model = cls(cls.config_from_hf(config, str(directory / "config.json")), _NoInit())
-        model.load_hf_tensors(hf.iter_tensors(directory, path), dtype)  # every one, in dtype
+        source = directory / "config.json"
+        settings = cls.config_from_hf(config, str(source))
+        need = settings.parameter_count()
+        hf.check_memory(source, need, dtype, max_bytes)
+        files = hf.weight_files(directory, path)
+        whole = files[0] if len(files) == 1 else directory / hf.INDEX
+        headers = [hf.read_header(file) for file in files]
+        layers = {int(m[1]) for h in headers for name in h.tensors if (m := _LAYER.search(name))}
+        if settings.n_layer > len(layers):  # refused before building layers the files lack
+            raise FileFormatError(
+                whole,
+                None,
+                f"holds {len(layers)} layers, config.json's {cls.hf_layer_field} is "
+                f"{settings.n_layer}",
+            )
+        model = cls(settings, _NoInit())
+        model.load_hf_files(headers, dtype, whole)  # every tensor, in dtype
         return model
+
+
+_LAYER = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")  # a block's tensors, GPT-2's or Llama's
 
 
 class _NoInit:
     """Stands in for the rng when every weight is about to be loaded: normal() returns zeros
     instead of drawing (SmolLM2-135M: the draws were 3.1 of the 3.8 s a load took). Zeros come
     from pages the OS hands out only when written, and loading replaces each before it is: the
-    peak stays one model plus one tensor in flight. load_hf_tensors refuses a checkpoint that
+    peak stays one model plus one tensor in flight. load_hf_files refuses a checkpoint that
     lacks a parameter, so none stays zero. Dropout's mask streams are real Generators (spawn)."""
 
     def normal(self, loc: float, scale: float, size: tuple[int, ...]) -> np.ndarray:

@@ -57,11 +57,18 @@ def read_metadata(source: str | Path | Any) -> dict[str, Any]:
     path or an open reader (open_reader). The reader's pseudo-keys for the header's own counts
     (GGUF.version, GGUF.tensor_count, GGUF.kv_count) are left out."""
     reader = source if hasattr(source, "fields") else open_reader(source)
+    path = getattr(reader.data, "filename", None) or source
     # ReaderField.contents() turns the reader's numpy parts into Python values (numpy scalars
-    # become int/float/bool via tolist, strings are decoded as UTF-8)
-    return {
-        key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")
-    }
+    # become int/float/bool via tolist, strings are decoded as UTF-8: a stranger's may not be)
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            meta[key] = field.contents()
+        except (ValueError, IndexError, OverflowError) as exc:  # UnicodeDecodeError included
+            raise FileFormatError(path, key, f"cannot be read ({exc})") from None
+    return meta
 
 
 # --- tensors ----------------------------------------------------------------------------------
@@ -327,7 +334,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return hf_config(read_metadata(reader), {t.name for t in reader.tensors}, path)
 
 
-def load(path: str | Path, dtype: Any = None) -> Any:
+def load(path: str | Path, dtype: Any = None, max_bytes: int | None = None) -> Any:
     """The model of a GGUF file, weights in dtype (default: the default float dtype, float32).
 
     The metadata becomes a Hugging Face config (hf_config) and the tensors HF-named arrays in
@@ -336,6 +343,7 @@ def load(path: str | Path, dtype: Any = None) -> Any:
     before any is read; then each is dequantized straight into dtype, one at a time (the peak is
     the model in dtype plus about one tensor)."""
     from autograd import get_default_dtype
+    from models import hf
     from models.decoder import _NoInit  # every weight is about to be loaded: skip the draws
     from models.llama import Llama
 
@@ -347,7 +355,9 @@ def load(path: str | Path, dtype: Any = None) -> Any:
     # The reader keeps every metadata string as numpy arrays of its own (SmolLM2's 49152 tokens
     # and 48900 merges: ~170 MB); the model needs none of it, so free it before the weights come.
     reader.fields.clear()
-    model = Llama(Llama.config_from_hf(config, str(path)), _NoInit())
+    settings = Llama.config_from_hf(config, str(path))
+    hf.check_memory(path, settings.parameter_count(), dtype, max_bytes)  # before allocating
+    model = Llama(settings, _NoInit())
     expected = _expected_tensors(model, path)
     _check_tensors(expected, tensors, path, config["model_type"])
     n_head, n_kv_head = config["num_attention_heads"], config["num_key_value_heads"]

@@ -26,7 +26,8 @@ from models.decoder import (  # noqa: F401  (the sampling helpers' historical ho
     choose_next_token,
     next_token_probs,
 )
-from models.hf import field, ids
+from models.errors import FileFormatError
+from models.hf import Fields
 
 
 @dataclass
@@ -61,25 +62,37 @@ class GPTConfig(DecoderConfig):
 
     @classmethod
     def from_hf_dict(cls, config: dict[str, Any], source: str = "config.json") -> GPTConfig:
-        """Read a GPT-2 style config.json (ours or Hugging Face's)."""
-        ours = config.get("glassgrad")
-        if isinstance(ours, dict):
-            return cls(**ours)
-        if "n_positions" not in config and "n_ctx" not in config:
-            raise ValueError(f"{source}: the field n_positions or n_ctx is missing")
-        block_size = config["n_positions"] if "n_positions" in config else config["n_ctx"]
-        activation = config.get("activation_function", "gelu_new")
-        if activation not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(
-                f"{source}: activation_function {activation!r} is not supported (GELU tanh only)"
-            )
-        sizes = {k: field(config, k, source) for k in ("vocab_size", "n_layer", "n_head", "n_embd")}
+        """Read a GPT-2 style config.json (ours or Hugging Face's), every field checked."""
+        f = Fields(config, source)
+        f.choice("model_type", ("gpt2",), "gpt2")
+        if config.get("glassgrad") is not None:  # glassgrad's own settings, written beside HF's
+            ours = f.mapping("glassgrad")
+            try:
+                ours.token_ids("eos_token_ids", ours.integer("vocab_size"))
+                return cls(**ours.config)
+            except (TypeError, ValueError) as exc:
+                if isinstance(exc, FileFormatError):
+                    raise
+                raise f.error("glassgrad", f"is not a GPTConfig ({exc})") from None
+        if config.get("n_positions") is None and config.get("n_ctx") is None:
+            raise FileFormatError(source, "n_positions or n_ctx", "is missing")
+        block_size = f.integer("n_positions", None) or f.integer("n_ctx")
+        f.choice("activation_function", ("gelu_new", "gelu_pytorch_tanh"), "gelu_new")
+        if not f.boolean("tie_word_embeddings", True):
+            raise f.error("tie_word_embeddings", "must be true: GPT-2's head is its embedding")
+        n_embd, n_head = f.integer("n_embd"), f.integer("n_head")
+        if n_embd % n_head:
+            raise f.error("n_embd", f"must be divisible by n_head ({n_head})")
+        vocab_size = f.integer("vocab_size")
         return cls(
+            vocab_size=vocab_size,
             block_size=block_size,
-            **sizes,
-            ffn_hidden=config.get("n_inner"),
-            norm_eps=config.get("layer_norm_epsilon", 1e-5),
-            eos_token_ids=ids(config.get("eos_token_id")),
+            n_layer=f.integer("n_layer"),
+            n_head=n_head,
+            n_embd=n_embd,
+            ffn_hidden=f.integer("n_inner", None),
+            norm_eps=f.number("layer_norm_epsilon", 1e-5),
+            eos_token_ids=f.token_ids("eos_token_id", vocab_size),
         )
 
 

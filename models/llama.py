@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from models.decoder import Decoder, DecoderConfig
-from models.hf import field, ids
+from models.hf import Fields
 
 # glassgrad's role names (GPT-2's, which the decoder's forward reads) -> Llama's names.
 NAMES = {"transformer": "model", "wte": "embed_tokens", "h": "layers", "ln_f": "norm"}
@@ -52,57 +52,71 @@ def llama_config(**sizes: Any) -> DecoderConfig:
     return DecoderConfig(**{**SETTINGS, **sizes})
 
 
-def _rope_settings(config: dict[str, Any], source: str) -> tuple[float, dict | None]:
+def _rope_settings(f: Fields) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling) from either spelling: top-level rope_theta / rope_scaling, or
     rope_parameters {"rope_type": ..., "rope_theta": ..., scaling fields}."""
-    params = config.get("rope_parameters") or {}
-    theta = params.get("rope_theta", config.get("rope_theta", DEFAULT_THETA))
-    scaling = config.get("rope_scaling") or params
-    kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    params = f.mapping("rope_parameters")
+    theta = params.number("rope_theta", None) if params else None
+    theta = f.number("rope_theta", DEFAULT_THETA) if theta is None else theta
+    scaling = f.mapping("rope_scaling")
+    scaling = params if scaling is None or not scaling.config else scaling
+    if scaling is None:
+        return theta, None
+    kind = scaling.choice(
+        "rope_type" if "rope_type" in scaling.config else "type", ("default", "llama3"), "default"
+    )
     if kind == "default":
-        return float(theta), None
-    if kind != "llama3":
-        raise ValueError(f"{source}: rope type {kind!r} is not supported (default or llama3)")
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    for key in keys:
-        if key not in scaling:
-            raise ValueError(f"{source}: the llama3 rope scaling lacks the field {key!r}")
-    return float(theta), {"rope_type": "llama3", **{k: scaling[k] for k in keys}}
+        return theta, None
+    settings = {
+        "rope_type": "llama3",
+        "factor": scaling.number("factor"),
+        "low_freq_factor": scaling.number("low_freq_factor"),
+        "high_freq_factor": scaling.number("high_freq_factor"),
+        "original_max_position_embeddings": scaling.integer("original_max_position_embeddings"),
+    }
+    if settings["high_freq_factor"] <= settings["low_freq_factor"]:  # the two bound a ramp
+        raise scaling.error("high_freq_factor", "must be above low_freq_factor")
+    return theta, settings
 
 
 def config_from_hf(config: dict[str, Any], source: str) -> DecoderConfig:
-    """A Llama / Qwen2 / Mistral config.json -> the decoder's settings."""
-    model_type = field(config, "model_type", source)
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"{source}: model_type {model_type!r} is not a Llama-family type")
-    activation = config.get("hidden_act", "silu")
-    if activation != "silu":
-        raise ValueError(f"{source}: hidden_act {activation!r} is not supported (silu only)")
-    theta, scaling = _rope_settings(config, source)
-    mlp_bias = bool(config.get("mlp_bias", False))
-    if model_type == "llama" and bool(config.get("attention_bias", False)) != mlp_bias:
+    """A Llama / Qwen2 / Mistral config.json -> the decoder's settings, every field checked."""
+    f = Fields(config, source)
+    model_type = f.choice("model_type", MODEL_TYPES)
+    f.choice("hidden_act", ("silu",), "silu")
+    theta, scaling = _rope_settings(f)
+    mlp_bias, attention_bias = f.boolean("mlp_bias", False), f.boolean("attention_bias", False)
+    if model_type == "llama" and attention_bias != mlp_bias:
         # o_proj's bias follows attention_bias, the MLP's mlp_bias; the blocks share one setting
-        raise ValueError(f"{source}: attention_bias and mlp_bias must agree")
-    block_size = field(config, "max_position_embeddings", source)
-    window = config.get("sliding_window")
-    if model_type == "mistral" and window is not None:
+        raise f.error("attention_bias", f"must equal mlp_bias ({mlp_bias}) here")
+    n_embd, n_head = f.integer("hidden_size"), f.integer("num_attention_heads")
+    n_kv_head = f.integer("num_key_value_heads", n_head)
+    if n_head % n_kv_head:
+        raise f.error("num_key_value_heads", f"must divide num_attention_heads ({n_head})")
+    head_dim = f.integer("head_dim", None)
+    if head_dim is None and n_embd % n_head:
+        raise f.error("hidden_size", f"must be divisible by num_attention_heads ({n_head})")
+    block_size = f.integer("max_position_embeddings")
+    window = f.integer("sliding_window", None) if model_type == "mistral" else None
+    if window is not None:
         block_size = min(block_size, window)  # within the window, sliding changes nothing
+    vocab_size = f.integer("vocab_size")
     return llama_config(
-        vocab_size=field(config, "vocab_size", source),
+        vocab_size=vocab_size,
         block_size=block_size,
-        n_layer=field(config, "num_hidden_layers", source),
-        n_head=field(config, "num_attention_heads", source),
-        n_embd=field(config, "hidden_size", source),
-        n_kv_head=config.get("num_key_value_heads"),
-        head_dim=config.get("head_dim"),
-        ffn_hidden=field(config, "intermediate_size", source),
+        n_layer=f.integer("num_hidden_layers"),
+        n_head=n_head,
+        n_embd=n_embd,
+        n_kv_head=n_kv_head,
+        head_dim=head_dim,
+        ffn_hidden=f.integer("intermediate_size"),
         bias=mlp_bias,
-        qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
-        norm_eps=float(field(config, "rms_norm_eps", source, 1e-6)),
+        qkv_bias=model_type == "qwen2" or attention_bias,
+        norm_eps=f.number("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        eos_token_ids=ids(config.get("eos_token_id")),
+        tie_word_embeddings=f.boolean("tie_word_embeddings", False),
+        eos_token_ids=f.token_ids("eos_token_id", vocab_size),
         model_type=model_type,
     )
 
@@ -115,6 +129,7 @@ class Llama(Decoder):
     names = NAMES
     layout = "llama"
     linear_weights_transposed = True  # torch's nn.Linear stores (out, in)
+    hf_layer_field = "num_hidden_layers"
 
     @classmethod
     def config_from_hf(cls, config: dict[str, Any], source: str) -> DecoderConfig:

@@ -21,7 +21,8 @@ import heapq
 import json
 import unicodedata
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -34,6 +35,7 @@ import nn
 from models import gguf, hub
 from models.chat_template import render_chat_template
 from models.errors import FileFormatError
+from models.hf import inside
 
 
 class CharTokenizer:
@@ -342,6 +344,7 @@ class BPETokenizer:
         # names it may use (bos_token, eos_token, ...); from_pretrained fills them in.
         self.chat_template: str | None = None
         self.template_tokens: dict[str, str] = {}
+        self.chat_template_source: tuple[str, str | None] = ("chat template", None)  # file, field
         self._hf_files: dict[str, str] = {}  # Hugging Face's files as read: name -> text
 
     # --- learning -------------------------------------------------------------------------------
@@ -652,6 +655,7 @@ class BPETokenizer:
             template,
             messages,
             add_generation_prompt=add_generation_prompt,
+            template_source=None if chat_template else self.chat_template_source,
             **{**self.template_tokens, **variables},
         )
         return self.encode(text, allowed_special="all") if tokenize else text
@@ -695,6 +699,9 @@ class BPETokenizer:
         if directory.suffix == ".gguf" and not directory.is_dir():
             return _read_gguf_tokenizer(directory)
         data = _read_tokenizer_json(directory)
+        if data is not None and not isinstance(data, dict):
+            path = directory / "tokenizer.json"
+            raise FileFormatError(path, None, "must hold a JSON object", type(data).__name__)
         if _is_hf(data):
             return _read_hf_tokenizer(directory, data)
         vocab_path, merges_path = directory / "vocab.json", directory / "merges.txt"
@@ -713,7 +720,7 @@ class BPETokenizer:
         try:
             return cls(vocab, merges)
         except ValueError as exc:
-            raise ValueError(f"{vocab_path}: {exc}") from None
+            raise FileFormatError(vocab_path, None, str(exc)) from None
 
     def __repr__(self) -> str:
         return (
@@ -769,23 +776,25 @@ def _isolated(pattern: regex.Pattern, text: str) -> list[str]:
 
 
 def _read_text(path: Path) -> str:
+    inside(path.parent, path, path, None)  # a link out of the directory is not followed
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        problem = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+        raise FileFormatError(path, None, problem) from None
 
 
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(_read_text(path))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
+        raise FileFormatError(path, f"line {exc.lineno}", f"not valid JSON ({exc.msg})") from None
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
     vocab = _read_json(path)
     if not isinstance(vocab, dict):
-        raise ValueError(f"{path}: expected a JSON object of token -> id")
+        raise FileFormatError(path, None, "expected a JSON object of token -> id")
     return vocab
 
 
@@ -793,20 +802,20 @@ def _read_merges(path: Path, vocab: dict[str, int]) -> list[tuple[str, str]]:
     """The merges of a merges.txt, each line checked against the vocabulary."""
     lines = _read_text(path).split("\n")
     if not lines[0].startswith("#version"):
-        raise ValueError(f"{path} line 1: expected the header {MERGES_HEADER!r}, got {lines[0]!r}")
+        raise FileFormatError(path, "line 1", f"expected the header {MERGES_HEADER!r}", lines[0])
     if lines[-1] == "":
         lines.pop()  # the newline that ends the last line
     merges: dict[tuple[str, str], int] = {}  # pair -> line number
     for number, line in enumerate(lines[1:], start=2):
         pair = tuple(line.removesuffix("\r").split(" "))
         if len(pair) != 2 or not all(pair):
-            raise ValueError(f"{path} line {number}: expected 'left right', got {line!r}")
-        where = f"{path} line {number} ({line!r})"
+            raise FileFormatError(path, f"line {number}", "expected 'left right'", line)
+        where = f"line {number} ({line!r})"
         for token in (*pair, pair[0] + pair[1]):
             if token not in vocab:
-                raise ValueError(f"{where}: {token!r} is not in vocab.json")
+                raise FileFormatError(path, where, f"{token!r} is not in vocab.json")
         if pair in merges:
-            raise ValueError(f"{where}: repeats line {merges[pair]}")
+            raise FileFormatError(path, where, f"repeats line {merges[pair]}")
         merges[pair] = number
     return list(merges)
 
@@ -841,37 +850,60 @@ def _read_hf_tokenizer(directory: Path, data: dict[str, Any]) -> BPETokenizer:
     config_path = directory / "tokenizer_config.json"
     if config_path.is_file():
         tok._hf_files[config_path.name] = _read_text(config_path)
-        _configure(tok, _read_json(config_path))
+        _configure(tok, _read_json(config_path), config_path)
     jinja_path = directory / "chat_template.jinja"
     if jinja_path.is_file():  # newer files keep the template apart; it wins, as in transformers
         tok.chat_template = tok._hf_files[jinja_path.name] = _read_text(jinja_path)
+        tok.chat_template_source = (str(jinja_path), None)
     return tok
 
 
-def _configure(tok: BPETokenizer, config: dict[str, Any]) -> None:
-    """The chat template and the special tokens' names of a tokenizer_config.json."""
+def _configure(
+    tok: BPETokenizer, config: Any, path: Path, template_field: str = "chat_template"
+) -> None:
+    """The chat template of a tokenizer_config.json (path; a string, or named templates
+    [{"name": ..., "template": ...}] of which "default" is used) and its special tokens' names
+    (bos_token: a string, or {"content": ...}), each checked: else a FileFormatError."""
+    if not isinstance(config, dict):
+        raise FileFormatError(path, None, "must hold a JSON object", type(config).__name__)
     template = config.get("chat_template")
-    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
-        template = {t.get("name"): t.get("template") for t in template}.get("default")
-    tok.chat_template = template
+    if isinstance(template, list):  # named templates
+        named = {}
+        for i, entry in enumerate(template):
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("template"), str)
+            ):
+                expected = 'must be {"name": str, "template": str}'
+                raise FileFormatError(path, f"{template_field}[{i}]", expected, entry)
+            named[entry["name"]] = entry["template"]
+        template = named.get("default")
+    elif template is not None and not isinstance(template, str):
+        problem = "must be a string (a Jinja template)"
+        raise FileFormatError(path, template_field, problem, template)
+    tok.chat_template, tok.chat_template_source = template, (str(path), template_field)
     for name in _SPECIAL_TOKEN_NAMES:
         value = config.get(name)
         value = value.get("content") if isinstance(value, dict) else value
-        if isinstance(value, str):
+        if value is not None and not isinstance(value, str):
+            raise FileFormatError(path, name, 'must be a string or {"content": str}', config[name])
+        if value is not None:
             tok.template_tokens[name] = value
 
 
 def _hf_tokenizer(path: Path, data: dict[str, Any]) -> BPETokenizer:
     """A BPETokenizer from the parsed tokenizer.json `data` (path: where it came from)."""
 
-    def refuse(field: str, value: Any, supported: str) -> ValueError:
-        return ValueError(
-            f"{path}: {field} = {json.dumps(value)[:120]} is not supported ({supported})"
+    def refuse(field: str, value: Any, supported: str) -> FileFormatError:
+        return FileFormatError(
+            path, None, f"{field} = {json.dumps(value)[:120]} is not supported ({supported})"
         )
 
-    model = data.get("model")
-    if not isinstance(model, dict) or model.get("type") != "BPE":
-        raise refuse("model.type", (model or {}).get("type"), "'BPE' only")
+    _check_tokenizer_json(data, path)
+    model = data["model"]
+    if model.get("type") != "BPE":
+        raise refuse("model.type", model.get("type"), "'BPE' only")
     for field, allowed in [
         ("dropout", (None, 0, 0.0)),
         ("continuing_subword_prefix", (None, "")),
@@ -881,22 +913,23 @@ def _hf_tokenizer(path: Path, data: dict[str, Any]) -> BPETokenizer:
             raise refuse(f"model.{field}", model[field], f"only {allowed[0]!r}")
     vocab = model.get("vocab")
     if not isinstance(vocab, dict):
-        raise ValueError(f"{path}: model.vocab must be an object of token -> id")
+        raise FileFormatError(path, None, "model.vocab must be an object of token -> id")
     merges = []
     for i, merge in enumerate(model.get("merges", [])):
         pair = tuple(merge.split(" ")) if isinstance(merge, str) else tuple(merge)
         if len(pair) != 2 or not all(isinstance(p, str) and p for p in pair):
-            raise ValueError(f"{path}: model.merges[{i}] = {merge!r} is not a pair of tokens")
+            problem = f"model.merges[{i}] = {merge!r} is not a pair of tokens"
+            raise FileFormatError(path, None, problem)
         for token in (*pair, pair[0] + pair[1]):
             if token not in vocab:
-                raise ValueError(
-                    f"{path}: model.merges[{i}] {merge!r}: {token!r} is not in the vocab"
-                )
+                problem = f"model.merges[{i}] {merge!r}: {token!r} is not in the vocab"
+                raise FileFormatError(path, None, problem)
         merges.append(pair)
     added = []
     for i, entry in enumerate(data.get("added_tokens") or []):
         if not isinstance(entry.get("content"), str) or type(entry.get("id")) is not int:
-            raise ValueError(f"{path}: added_tokens[{i}] needs a string content and an int id")
+            problem = f"added_tokens[{i}] needs a string content and an int id"
+            raise FileFormatError(path, None, problem)
         for flag in ("single_word", "lstrip", "rstrip"):
             if entry.get(flag):
                 raise refuse(f"added_tokens[{i}].{flag} ({entry['content']!r})", True, "false only")
@@ -904,13 +937,16 @@ def _hf_tokenizer(path: Path, data: dict[str, Any]) -> BPETokenizer:
         added.append(
             AddedToken(entry["content"], entry["id"], special, entry.get("normalized", not special))
         )
-    normalizer = _hf_normalizer(data.get("normalizer"), refuse)
+    with _malformed(path, "normalizer"):
+        normalizer = _hf_normalizer(data.get("normalizer"), refuse)
     # Byte-level (a ByteLevel decoder) or SentencePiece-style (over characters)
-    if (data.get("decoder") or {}).get("type") == "ByteLevel":
-        pipeline = {"pre_tokenizer": _hf_pre_tokenizer(data.get("pre_tokenizer"), refuse)}
-    else:
-        pipeline = _hf_sentencepiece(data.get("pre_tokenizer"), data.get("decoder"), refuse)
-    bos, eos = _hf_post_processor(data.get("post_processor"), refuse)
+    with _malformed(path, "pre_tokenizer"):
+        if (data.get("decoder") or {}).get("type") == "ByteLevel":
+            pipeline = {"pre_tokenizer": _hf_pre_tokenizer(data.get("pre_tokenizer"), refuse)}
+        else:
+            pipeline = _hf_sentencepiece(data.get("pre_tokenizer"), data.get("decoder"), refuse)
+    with _malformed(path, "post_processor"):
+        bos, eos = _hf_post_processor(data.get("post_processor"), refuse)
     try:
         tok = BPETokenizer(
             vocab,
@@ -926,8 +962,87 @@ def _hf_tokenizer(path: Path, data: dict[str, Any]) -> BPETokenizer:
             **pipeline,
         )
     except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        raise FileFormatError(path, None, str(exc)) from None
     return tok
+
+
+@contextmanager
+def _malformed(path: Path, field: str) -> Iterator[None]:
+    """A part of tokenizer.json whose shape the reader's own checks did not foresee (a missing
+    key, a list for an object) is refused as malformed, naming the file and the part."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        problem = f"is malformed ({type(exc).__name__}: {exc})"
+        raise FileFormatError(path, field, problem) from None
+
+
+def _check_tokenizer_json(data: dict[str, Any], path: Path) -> None:
+    """tokenizer.json's structure, checked before anything is built from it: each part the
+    type Hugging Face's tokenizers requires, with what it refuses refused here too (merges that
+    are not a list, an added token with empty content or a negative id, an invalid regex)."""
+
+    def bad(field: str, problem: str, value: Any) -> FileFormatError:
+        return FileFormatError(path, field, problem, value)
+
+    model = data.get("model")
+    if not isinstance(model, dict):
+        raise bad("model", "must be an object", model)
+    vocab = model.get("vocab")
+    for token, i in vocab.items() if isinstance(vocab, dict) else ():
+        if type(i) is int and i >= 2**32:  # (the tokenizer refuses other non-ids itself)
+            raise bad(f"model.vocab[{token!r}]", "must be an id below 2**32", i)
+    merges = model.get("merges", [])
+    if not isinstance(merges, list):
+        raise bad("model.merges", "must be a list", merges)
+    for i, merge in enumerate(merges):
+        if not isinstance(merge, (str, list)):
+            raise bad(f"model.merges[{i}]", 'must be "left right" or [left, right]', merge)
+    for key in ("ignore_merges", "fuse_unk"):
+        if model.get(key) is not None and type(model[key]) is not bool:
+            raise bad(f"model.{key}", "must be true or false", model[key])
+    if model.get("unk_token") is not None and not isinstance(model["unk_token"], str):
+        raise bad("model.unk_token", "must be a string", model["unk_token"])
+    added = data.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise bad("added_tokens", "must be a list", added)
+    for i, entry in enumerate(added):
+        if not isinstance(entry, dict):
+            raise bad(f"added_tokens[{i}]", "must be an object", entry)
+        if entry.get("content") == "":
+            raise bad(f"added_tokens[{i}].content", "must not be empty", "")
+        if type(entry.get("id")) is int and not 0 <= entry["id"] < 2**32:
+            raise bad(f"added_tokens[{i}].id", "must be an id in [0, 2**32)", entry["id"])
+        for flag in ("special", "normalized", "single_word", "lstrip", "rstrip"):
+            if entry.get(flag) is not None and type(entry[flag]) is not bool:
+                raise bad(f"added_tokens[{i}].{flag}", "must be true or false", entry[flag])
+    for key in ("normalizer", "pre_tokenizer", "decoder"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise bad(key, "must be an object or null", data[key])
+    normalizer = data.get("normalizer") or {}
+    steps = normalizer.get("normalizers", [normalizer])
+    if not isinstance(steps, list) or not all(isinstance(n, dict) for n in steps):
+        raise bad("normalizer.normalizers", "must be a list of objects", steps)
+    spec = data.get("pre_tokenizer")
+    sequence = isinstance(spec, dict) and spec.get("type") == "Sequence"
+    steps = spec.get("pretokenizers", []) if sequence else [spec]
+    if not isinstance(steps, list):
+        raise bad("pre_tokenizer.pretokenizers", "must be a list", steps)
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict) or step.get("type") != "Split":
+            continue  # (the reader refuses what it does not know by name)
+        pattern = step.get("pattern")
+        where = f"pre_tokenizer.pretokenizers[{i}].pattern"
+        if not isinstance(pattern, dict) or not any(
+            isinstance(pattern.get(k), str) for k in ("Regex", "String")
+        ):
+            raise bad(where, 'must be {"Regex": str} or {"String": str}', pattern)
+        if isinstance(pattern.get("Regex"), str):
+            try:
+                regex.compile(pattern["Regex"])
+            except regex.error as exc:
+                problem = f"is not a valid regex ({exc})"
+                raise bad(f"{where}.Regex", problem, pattern["Regex"]) from None
 
 
 def _hf_normalizer(spec: Any, refuse: Callable[..., ValueError]) -> list[tuple[str, ...]]:
@@ -1093,7 +1208,7 @@ def _read_gguf_tokenizer(path: Path) -> BPETokenizer:
     tokenizer_config.json it stands for (what save() then writes)."""
     data, config = _gguf_to_hf(path, gguf.read_metadata(path))
     tok = _hf_tokenizer(path, data)
-    _configure(tok, config)
+    _configure(tok, config, path, "tokenizer.chat_template")
     tok._hf_files = {
         "tokenizer.json": json.dumps(data, ensure_ascii=False, indent=2) + "\n",
         "tokenizer_config.json": json.dumps(config, ensure_ascii=False, indent=2) + "\n",

@@ -13,10 +13,12 @@ the old one; on any error the temporary file is removed and the previous file is
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +37,17 @@ _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 _MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's limit; guards foreign files
 
 
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # what a floating-point parameter may be stored as
+
+
 class CheckpointError(ValueError):
-    """A checkpoint file is truncated, foreign (not safetensors) or inconsistent."""
+    """A checkpoint file is truncated, foreign (not safetensors) or inconsistent:
+    `<path>: <problem>`; .path and .problem keep the parts (the loaders re-raise them as
+    models.FileFormatError)."""
+
+    def __init__(self, path: str | os.PathLike, problem: str) -> None:
+        self.path, self.problem, self.field = str(path), problem, None
+        super().__init__(f"{path}: {problem}")
 
 
 # --- atomic writes ------------------------------------------------------------------------------
@@ -141,87 +152,125 @@ def load_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
     return arrays, metadata
 
 
+@dataclass
+class SafetensorsHeader:
+    """A safetensors file's header, checked against the file: name -> (dtype, shape, (begin,
+    end)) in file order, the string metadata, and where the data begins."""
+
+    path: Path
+    tensors: dict[str, tuple[str, tuple[int, ...], tuple[int, int]]]
+    metadata: dict[str, str]
+    data_start: int
+
+
+def read_safetensors_header(path: str | os.PathLike) -> SafetensorsHeader:
+    """The header of a safetensors file, every entry checked (dtype, shape, offsets that tile
+    the data exactly as the file is long) before any tensor is read: a header can claim no
+    byte the file does not hold."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(path, f"{size} bytes is too short to be a safetensors file")
+        n = int.from_bytes(prefix, "little")
+        if n > _MAX_HEADER or 8 + n > size:
+            raise CheckpointError(
+                path,
+                f"not a safetensors file, or truncated (header length {n} bytes, file {size} "
+                "bytes)",
+            )
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(path, f"the header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(path, "the header is not a JSON object")
+    found = header.pop("__metadata__", None) or {}
+    if not isinstance(found, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in found.items()
+    ):
+        raise CheckpointError(path, "__metadata__ must map strings to strings")
+    entries = sorted(
+        ((name, *_check_entry(path, name, info)) for name, info in header.items()),
+        key=lambda entry: entry[3][0],
+    )
+    data_size = size - 8 - n
+    expected = 0
+    for name, _, _, (begin, end) in entries:
+        if begin != expected:
+            raise CheckpointError(
+                path,
+                f"tensor {name!r} starts at byte {begin}, expected {expected} (gaps or overlaps "
+                "in data_offsets)",
+            )
+        expected = end
+    if expected != data_size:
+        raise CheckpointError(
+            path,
+            f"the header describes {expected} data bytes but the file holds {data_size} "
+            "(truncated or trailing data)",
+        )
+    tensors = {name: (dtype, shape, offsets) for name, dtype, shape, offsets in entries}
+    return SafetensorsHeader(path, tensors, found, 8 + n)
+
+
+def read_safetensors_tensors(
+    header: SafetensorsHeader, names: Iterable[str] | None = None
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, array) for the named tensors of a checked header (default: all), in file order,
+    one at a time (a large file is never held twice); BF16 comes back as float32."""
+    wanted = set(header.tensors) if names is None else set(names)
+    with open(header.path, "rb") as f:
+        for name, (dtype, shape, (begin, end)) in header.tensors.items():
+            if name not in wanted:
+                continue
+            array = np.empty(shape, dtype=np.dtype("<u2") if dtype == "BF16" else _DTYPES[dtype])
+            f.seek(header.data_start + begin)
+            if f.readinto(memoryview(array.reshape(-1)).cast("B")) != end - begin:
+                raise CheckpointError(header.path, f"truncated while reading tensor {name!r}")
+            if dtype == "BF16":  # bfloat16 is the top half of a float32: shift its bits up
+                array = (array.astype(np.uint32) << 16).view(np.float32)
+            yield (
+                name,
+                array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("=")),
+            )
+
+
 def iter_safetensors(
     path: str | os.PathLike, metadata: dict[str, str] | None = None
 ) -> Iterator[tuple[str, np.ndarray]]:
     """(name, array) for each tensor of a safetensors file, read one at a time (a large file is
     never held twice); BF16 tensors come back as float32. The header is checked whole before the
     first tensor is read; `metadata`, if given, receives the file's string metadata."""
-    path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(f"{path}: {size} bytes is too short to be a safetensors file")
-        n = int.from_bytes(prefix, "little")
-        if n > _MAX_HEADER or 8 + n > size:
-            raise CheckpointError(
-                f"{path}: not a safetensors file, or truncated (header length {n} bytes, "
-                f"file {size} bytes)"
-            )
-        raw = f.read(n)
-        try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{path}: the header is not valid JSON ({exc})") from None
-        if not isinstance(header, dict):
-            raise CheckpointError(f"{path}: the header is not a JSON object")
-        found = header.pop("__metadata__", None) or {}
-        if not isinstance(found, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in found.items()
-        ):
-            raise CheckpointError(f"{path}: __metadata__ must map strings to strings")
-        if metadata is not None:
-            metadata.update(found)
-        entries = sorted(
-            ((name, *_check_entry(path, name, info)) for name, info in header.items()),
-            key=lambda entry: entry[3][0],
-        )
-        data_size = size - 8 - n
-        expected = 0
-        for name, _, _, (begin, end) in entries:
-            if begin != expected:
-                raise CheckpointError(
-                    f"{path}: tensor {name!r} starts at byte {begin}, expected {expected} "
-                    "(gaps or overlaps in data_offsets)"
-                )
-            expected = end
-        if expected != data_size:
-            raise CheckpointError(
-                f"{path}: the header describes {expected} data bytes but the file holds "
-                f"{data_size} (truncated or trailing data)"
-            )
-        for name, dtype, shape, (begin, end) in entries:
-            array = np.empty(shape, dtype=np.dtype("<u2") if dtype == "BF16" else _DTYPES[dtype])
-            if f.readinto(memoryview(array.reshape(-1)).cast("B")) != end - begin:
-                raise CheckpointError(f"{path}: truncated while reading tensor {name!r}")
-            if dtype == "BF16":  # bfloat16 is the top half of a float32: shift its bits up
-                array = (array.astype(np.uint32) << 16).view(np.float32)
-            yield (
-                name,
-                (array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))),
-            )
+    header = read_safetensors_header(path)
+    if metadata is not None:
+        metadata.update(header.metadata)
+    yield from read_safetensors_tensors(header)
 
 
 def _check_entry(path: Path, name: str, info: Any) -> tuple[str, tuple[int, ...], tuple[int, int]]:
     """Validate one header entry -> (dtype name, shape, (begin, end))."""
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-        raise CheckpointError(f"{path}: malformed header entry for {name!r}: {info!r}")
+        raise CheckpointError(path, f"malformed header entry for {name!r}: {info!r}")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     if not isinstance(dtype, str) or (dtype not in _DTYPES and dtype != "BF16"):
         raise CheckpointError(
-            f"{path}: tensor {name!r} has unsupported dtype {dtype!r} (supported: BF16, "
-            f"{', '.join(_DTYPES)})"
+            path,
+            f"tensor {name!r} has unsupported dtype {dtype!r} (supported: BF16, "
+            f"{', '.join(_DTYPES)})",
         )
     ints = shape + offsets if isinstance(shape, list) and isinstance(offsets, list) else None
     if ints is None or len(offsets) != 2 or not all(type(x) is int and x >= 0 for x in ints):
-        raise CheckpointError(f"{path}: tensor {name!r} has an invalid shape or data_offsets")
+        raise CheckpointError(path, f"tensor {name!r} has an invalid shape or data_offsets")
     itemsize = 2 if dtype == "BF16" else _DTYPES[dtype].itemsize
-    nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+    nbytes = math.prod(shape) * itemsize  # Python ints: a huge shape cannot wrap around to 0
     if offsets[1] - offsets[0] != nbytes:
         raise CheckpointError(
-            f"{path}: tensor {name!r} ({dtype} {shape}) needs {nbytes} bytes, data_offsets "
-            f"{offsets} give {offsets[1] - offsets[0]}"
+            path,
+            f"tensor {name!r} ({dtype} {shape}) needs {nbytes} bytes, data_offsets "
+            f"{offsets} give {offsets[1] - offsets[0]}",
         )
     return dtype, tuple(shape), (offsets[0], offsets[1])
 
@@ -269,21 +318,22 @@ def load_checkpoint(
     try:
         info = json.loads((directory / "checkpoint.json").read_text("utf-8"))
     except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{directory}/checkpoint.json is not valid JSON ({exc})") from None
+        raise CheckpointError(directory / "checkpoint.json", f"not valid JSON ({exc})") from None
     if not isinstance(info, dict) or info.get("format") != _FORMAT:
-        raise CheckpointError(f"{directory}/checkpoint.json is not a {_FORMAT} file")
+        raise CheckpointError(directory / "checkpoint.json", f"not a {_FORMAT} file")
     files = {"model.safetensors": load_safetensors(directory / "model.safetensors")}
     if optimizer is not None:
         if "optimizer" not in info:
-            raise CheckpointError(f"{directory}: this checkpoint has no optimizer state")
+            raise CheckpointError(directory, "this checkpoint has no optimizer state")
         files["optimizer.safetensors"] = load_safetensors(directory / "optimizer.safetensors")
         opt_state = join_optimizer_state(files["optimizer.safetensors"][0], info["optimizer"])
     for name, (_, metadata) in files.items():
         if metadata.get("checkpoint_id") != info.get("checkpoint_id"):
             raise CheckpointError(
-                f"{directory}: {name} does not belong to checkpoint.json (save ids "
+                directory,
+                f"{name} does not belong to checkpoint.json (save ids "
                 f"{metadata.get('checkpoint_id')} and {info.get('checkpoint_id')}); "
-                "a save was cut short"
+                "a save was cut short",
             )
     arrays = files["model.safetensors"][0]
     model.load_state_dict(arrays, strict=strict)

@@ -301,11 +301,11 @@ def test_missing_files_are_named(tmp_path):
 @pytest.mark.parametrize(
     ("merges", "message"),
     [
-        ("Ġ t\nh e\n", r"merges.txt line 1: expected the header '#version: 0.2', got 'Ġ t'"),
-        ("#version: 0.2\nĠ t\nh e x\n", r"merges.txt line 3: expected 'left right', got 'h e x'"),
-        ("#version: 0.2\nĠ t\n\nh e\n", r"merges.txt line 3: expected 'left right', got ''"),
-        ("#version: 0.2\nĠ t\nq z\n", r"merges.txt line 3 \('q z'\): 'qz' is not in vocab.json"),
-        ("#version: 0.2\nĠ t\nĠ t\n", r"merges.txt line 3 \('Ġ t'\): repeats line 2"),
+        ("Ġ t\nh e\n", r"merges.txt: line 1: expected the header '#version: 0.2', got 'Ġ t'"),
+        ("#version: 0.2\nĠ t\nh e x\n", r"merges.txt: line 3: expected 'left right', got 'h e x'"),
+        ("#version: 0.2\nĠ t\n\nh e\n", r"merges.txt: line 3: expected 'left right', got ''"),
+        ("#version: 0.2\nĠ t\nq z\n", r"merges.txt: line 3 \('q z'\): 'qz' is not in vocab.json"),
+        ("#version: 0.2\nĠ t\nĠ t\n", r"merges.txt: line 3 \('Ġ t'\): repeats line 2"),
     ],
 )
 def test_malformed_merges_name_file_and_line(tmp_path, merges, message):
@@ -318,7 +318,7 @@ def test_malformed_merges_name_file_and_line(tmp_path, merges, message):
 def test_malformed_vocab_names_file_and_line(tmp_path):
     gpt2_directory(tmp_path)
     (tmp_path / "vocab.json").write_text('{\n  "!": 0,\n  "a" 1\n}', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"vocab.json line 3: not valid JSON"):
+    with pytest.raises(ValueError, match=r"vocab.json: line 3: not valid JSON"):
         BPETokenizer.from_pretrained(tmp_path)
     (tmp_path / "vocab.json").write_text("[1, 2]", encoding="utf-8")
     with pytest.raises(ValueError, match=r"vocab.json: expected a JSON object"):

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.chat_template import render_chat_template
+from models.errors import FileFormatError
 from models.tokenizer import (
     AddedToken,
     BPETokenizer,
@@ -182,7 +183,8 @@ def test_chat_templates_render_as_transformers(tokenizers, case):
         **case["kwargs"],
     )
     if case["error"]:  # the template's raise_exception
-        with pytest.raises(ValueError, match=f"chat template: {case['error']}"):
+        where = "chat template" if other else "tokenizer_config.json: chat_template"
+        with pytest.raises(FileFormatError, match=f"{where}: {case['error']}"):
             tok.apply_chat_template(case["messages"], **kwargs)
         return
     assert tok.apply_chat_template(case["messages"], tokenize=False, **kwargs) == case["text"]
@@ -210,7 +212,7 @@ def test_llama_template_dates_today_without_date_string(tokenizers):
 def test_chat_template_errors_are_clear(tokenizers):
     with pytest.raises(ValueError, match="list of dicts"):
         render_chat_template("{{ messages }}", "Hi")
-    with pytest.raises(ValueError, match="chat template line 1: .*endfor"):
+    with pytest.raises(ValueError, match="chat template: line 1: .*endfor"):
         render_chat_template("{% for m in messages %}", [])
     bare = BPETokenizer.train("abc abd", vocab_size=260)
     with pytest.raises(ValueError, match="has no chat template"):
@@ -292,7 +294,7 @@ def test_unsupported_or_broken_files_name_the_field(tmp_path, change, message):
 def test_invalid_json_names_file_and_line(tmp_path):
     directory = edit(tmp_path, lambda data: None)
     (directory / "tokenizer_config.json").write_text('{\n "a": 1,\n}', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"tokenizer_config.json line 3: not valid JSON"):
+    with pytest.raises(ValueError, match=r"tokenizer_config.json: line 3: not valid JSON"):
         BPETokenizer.from_pretrained(directory)
 
 

@@ -264,10 +264,10 @@ def test_bad_directories_name_the_file_and_field(tmp_path):
         (directory / "config.json").write_text(json.dumps({**config, **change}))
 
     with_config(model_type="bert")
-    with pytest.raises(ValueError, match=r"config.json: model_type 'bert' is not supported"):
+    with pytest.raises(models.FileFormatError, match=r"config.json: model_type: 'bert' is not"):
         models.from_pretrained(directory)
     with_config(hidden_size=None)
-    with pytest.raises(ValueError, match=r"config.json: the field 'hidden_size' is missing"):
+    with pytest.raises(models.FileFormatError, match=r"config.json: hidden_size: is missing"):
         models.from_pretrained(directory)
     with_config(intermediate_size=21)
     shape = r"00002-of-00002.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has shape"
@@ -275,14 +275,14 @@ def test_bad_directories_name_the_file_and_field(tmp_path):
         models.from_pretrained(directory)
     with_config()
     (directory / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match=r"index.json lists the shard model-00002-of-00002"):
+    with pytest.raises(models.FileFormatError, match=r"index.json: weight_map.*a shard that is"):
         models.from_pretrained(directory)
     header = json.dumps({"x": {"dtype": "F8_E4M3", "shape": [1], "data_offsets": [0, 1]}}).encode()
     (directory / "model-00002-of-00002.safetensors").write_bytes(
         len(header).to_bytes(8, "little") + header + b"\0"
     )
     with pytest.raises(
-        nn.CheckpointError, match=r"00002.safetensors: tensor 'x' has unsupported dtype 'F8_E4M3'"
+        models.FileFormatError, match=r"00002.safetensors: tensor 'x' has unsupported dtype 'F8_E4"
     ):
         models.from_pretrained(directory)
 

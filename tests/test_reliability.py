@@ -8,14 +8,17 @@ two equal, so the documented behaviour is the tested behaviour.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,9 +27,12 @@ from hypothesis import strategies as st
 
 import autograd
 import autograd.functional as F
+import models
 import nn
 from autograd import Tensor
 from models.gpt import GPT, GPTConfig
+from models.hf import INDEX
+from models.tokenizer import BPETokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)
@@ -203,7 +209,110 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+# --- files from strangers: what the loaders raise (issue 34) ------------------------------------
+
+HF = ROOT / "tests" / "fixtures" / "hf"
+
+
+def _directory(tmp: Path, fixture: str, file: str = "", **change: Any) -> Path:
+    """A copy of a fixture directory in tmp, with `change` merged into its JSON `file`."""
+    directory = tmp / f"{fixture}-{len(list(tmp.iterdir()))}"
+    shutil.copytree(HF / fixture, directory)
+    if file:
+        path = directory / file
+        path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    return directory
+
+
+def _load(tmp: Path, fixture: str, file: str = "", **change: Any) -> Any:
+    return models.from_pretrained(_directory(tmp, fixture, file, **change), max_bytes=2**30)
+
+
+def _tokenizer(tmp: Path, change: Any) -> Any:
+    directory = _directory(tmp, "llama")
+    data = json.loads((directory / "tokenizer.json").read_text())
+    change(data)
+    (directory / "tokenizer.json").write_text(json.dumps(data))
+    return BPETokenizer.from_pretrained(directory)
+
+
+def _render(tmp: Path, template: Any) -> Any:
+    directory = _directory(tmp, "llama", "tokenizer_config.json", chat_template=template)
+    tok = BPETokenizer.from_pretrained(directory)
+    return tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+
+
+def _index(tmp: Path, name: Any) -> Any:
+    directory = _directory(tmp, "mistral")
+    index = json.loads((directory / INDEX).read_text())
+    index["weight_map"]["lm_head.weight"] = name
+    (directory / INDEX).write_text(json.dumps(index))
+    return models.from_pretrained(directory)
+
+
+def _shard(tmp: Path, tensor: str, array: Any = None) -> Any:
+    directory = _directory(tmp, "qwen2")
+    tensors, metadata = nn.load_safetensors(directory / "model.safetensors")
+    if array is None:
+        del tensors[tensor]
+    else:
+        tensors[tensor] = array
+    nn.save_safetensors(directory / "model.safetensors", tensors, metadata)
+    return models.from_pretrained(directory)
+
+
+def _huge_header(tmp: Path) -> Any:
+    directory = _directory(tmp, "mistral")
+    entry = {"dtype": "F32", "shape": [40000, 40000], "data_offsets": [0, 6_400_000_000]}
+    encoded = json.dumps({"model.embed_tokens.weight": entry}).encode()
+    with open(directory / "model-00001-of-00003.safetensors", "wb") as f:  # sparse: no disk
+        f.write(len(encoded).to_bytes(8, "little") + encoded)
+        f.truncate(8 + len(encoded) + 6_400_000_000)
+    return models.from_pretrained(directory)
+
+
+_NESTED = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+_ADDED = {"content": "<x>", "id": -1, "special": True}
+FileFormatError = models.FileFormatError
+LOADER_INPUTS = [  # (what, call, error, pattern): every one a FileFormatError naming the file
+    ("config.json: an integer as a string", lambda t: _load(t, "llama", "config.json",
+     intermediate_size="96"), FileFormatError, r"config.json: intermediate_size: must be a pos"),
+    ("config.json: zero K/V heads", lambda t: _load(t, "llama", "config.json",
+     num_key_value_heads=0), FileFormatError, r"config.json: num_key_value_heads: must be"),
+    ("config.json: a boolean as a string", lambda t: _load(t, "qwen2", "config.json",
+     tie_word_embeddings="false"), FileFormatError, r"tie_word_embeddings: must be true or fal"),
+    ("config.json: a fractional token id", lambda t: _load(t, "llama", "config.json",
+     eos_token_id=2.7), FileFormatError, r"config.json: eos_token_id: must be a token id"),
+    ("config.json: rope_parameters not an object", lambda t: _load(t, "llama", "config.json",
+     rope_parameters="yes"), FileFormatError, r"rope_parameters: must be an object"),
+    ("config.json: a model larger than memory (here max_bytes=2**30)", lambda t: _load(t,
+     "llama", "config.json", vocab_size=10**12), FileFormatError, r"the model has [\d,]+ par"),
+    ("model.safetensors.index.json: a shard outside the directory", lambda t: _index(t,
+     "../../elsewhere/model.safetensors"), FileFormatError, r"index.json: weight_map\['lm_he"),
+    ("model.safetensors.index.json: a shard name that is a number", lambda t: _index(t, 5),
+     FileFormatError, r"must be a plain file name in this directory, got 5"),
+    ("a shard: an integer tensor for a float parameter", lambda t: _shard(t,
+     "model.norm.weight", np.ones(16, dtype=np.uint8)), FileFormatError, r"has dtype U8"),
+    ("a shard: a tensor missing", lambda t: _shard(t, "model.norm.weight"), FileFormatError,
+     r"model.safetensors: the checkpoint lacks model.norm.weight"),
+    ("a shard: a header claiming 6.4 GB", _huge_header, FileFormatError,
+     r"has shape \(40000, 40000\), the config gives \(128, 32\)"),
+    ("tokenizer.json: merges not a list", lambda t: _tokenizer(t, lambda d: d["model"].update(
+     merges=5)), FileFormatError, r"tokenizer.json: model.merges: must be a list, got 5"),
+    ("tokenizer.json: a negative added token id", lambda t: _tokenizer(t, lambda d: d[
+     "added_tokens"].append(_ADDED)), FileFormatError, r"added_tokens\[11\].id: must be"),
+    ("tokenizer_config.json: a chat template that divides by zero", lambda t: _render(t,
+     "{{ 1/0 }}"), FileFormatError, r"chat_template: rendering failed: ZeroDivisionError"),
+    ("tokenizer_config.json: a chat template over its loop budget", lambda t: _render(t,
+     _NESTED), FileFormatError, r"chat_template: rendering stopped: its loops exceed"),
+    ("tokenizer_config.json: a chat template that is a number", lambda t: _render(t, 5),
+     FileFormatError, r"chat_template: must be a string"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case", BAD_INPUTS + LOADER_INPUTS, ids=[c[0] for c in BAD_INPUTS + LOADER_INPUTS]
+)
 def test_bad_input_gets_a_clear_error(case, tmp_path):
     _, call, error, pattern = case
     with pytest.raises(error) as info:
@@ -232,6 +341,24 @@ def error_table(tmp: Path) -> str:
         "|---|---|---|",
     ]
     for what, call, _, _ in BAD_INPUTS:
+        kind, text = _message(call, tmp)
+        rows.append(f"| {what} | `{kind}` | {text.replace('|', '/')} |")
+    rows += [
+        "",
+        "## Files from strangers",
+        "",
+        "What the loaders (`models.from_pretrained`, `BPETokenizer.from_pretrained` and the chat",
+        "template) raise for a malformed file: always `models.FileFormatError` (a ValueError),",
+        "`<path>: <field as the file writes it>: <what is wrong>, got <value>`. A model larger",
+        "than the memory available is refused before anything is allocated (raise the limit",
+        "with `from_pretrained(..., max_bytes=)` or `GLASSGRAD_MAX_LOAD_BYTES`); shard names must",
+        "be plain file names inside the directory; `tests/test_loader_fuzz.py` corrupts the",
+        "fixtures along every axis and sees only these two outcomes: the original, or this error.",
+        "",
+        "| bad file | error | message |",
+        "|---|---|---|",
+    ]
+    for what, call, _, _ in LOADER_INPUTS:
         kind, text = _message(call, tmp)
         rows.append(f"| {what} | `{kind}` | {text.replace('|', '/')} |")
     return "\n".join(rows) + "\n"
