@@ -19,7 +19,7 @@ import numpy as np
 import models
 from models import hub
 from models.decoder import Decoder
-from models.tokenizer import BPETokenizer, Tokenizer, load_tokenizer
+from models.tokenizer import Tokenizer, load_tokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,11 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 def load(model: str | Path, revision: str | None = None) -> tuple[Decoder, Tokenizer]:
     """The model and tokenizer of a checkpoint or model directory, a .gguf file (which holds
     both) or a hub name (`org/name` at revision, fetched once into the cache: models.hub)."""
-    path = hub.resolve(model, revision)
-    if path.suffix == ".gguf":
-        tokenizer: Tokenizer = BPETokenizer.from_pretrained(path)
-    else:  # first: its error says what a checkpoint directory holds
-        tokenizer = load_tokenizer(path)
+    path = hub.resolve(model, revision)  # once, for both
+    tokenizer = load_tokenizer(path)  # first: its error says what a checkpoint directory holds
     return models.from_pretrained(path), tokenizer
 
 

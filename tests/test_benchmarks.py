@@ -209,6 +209,6 @@ def test_llm_suite_times_a_tiny_llama_in_fresh_processes(capsys):
     cells = row.strip("| ").split(" | ")
     assert cells[1:3] == ["float32 (as given)", "2"]
     load, prefill, decode, stream, rss = (float(cell) for cell in cells[3:])
-    assert load > 0 and prefill > 0 and decode > 0 and stream >= 0 and rss > 0
+    assert load >= 0 and prefill > 0 and decode > 0 and stream >= 0 and rss > 0  # 2 decimals
     assert "memory copy bandwidth of this run" in out
     assert "HF transformers" in out or "no HF column" in out

