@@ -763,6 +763,25 @@ def _attention_jvp(q, k, v, a, q_dot, k_dot, v_dot, scale: float) -> np.ndarray:
     return a_dot @ v + a @ v_dot
 
 
+def attention_weights(
+    q: Tensor, k: Tensor, causal: bool = True, mask: Any = None, scale: float | None = None
+) -> Tensor:
+    """A = softmax(q k^T * scale) on the allowed set, (B, H, Tq, Tk), as Tensor ops: the explicit
+    path, in which every weight is a node of the graph that a caller can read, differentiate and
+    edit before O = A v (models/lab measures attention so). scaled_dot_product_attention is the
+    fused path, with the same result. scale: 1/sqrt(D) by default; k (B, Hkv, Tk, D) may have
+    fewer heads than q (grouped-query); causal and mask as in scaled_dot_product_attention."""
+    q, k = _tensor(q), _tensor(k)
+    k = per_query_head(k, q.shape[1])
+    tq, tk = q.shape[2], k.shape[2]
+    allowed = np.tril(np.ones((tq, tk), dtype=bool), k=tk - tq) if causal else None
+    if mask is not None:
+        mask = np.asarray(mask.data if isinstance(mask, Tensor) else mask, dtype=bool)
+        allowed = mask if allowed is None else allowed & mask
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _attention_weights(q, k, allowed, scale)
+
+
 def scaled_dot_product_attention(
     q: Tensor, k: Tensor, v: Tensor, causal: bool = True, mask: Any = None
 ) -> Tensor:
@@ -824,6 +843,7 @@ def scaled_dot_product_attention(
 
 __all__ = [
     "apply_rotary",
+    "attention_weights",
     "cross_entropy",
     "dropout",
     "embedding",

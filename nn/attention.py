@@ -167,7 +167,18 @@ class Attention(Module):
     of x. n_kv_head (default n_head) K/V heads shared by groups of query heads. rotary: a
     RotaryPositions shared by the model's layers, True for tables of max_len of this layer's own,
     or False. qkv_bias (default bias): biases on the q/k/v projections; bias: on W_O.
+
+    Two settings for measuring attention (models/lab), off by default:
+    - score_scale: the factor of q.k in the scores instead of 1/sqrt(D) (notes 7.1, 7.3), applied
+      to q before the fused kernel, so that a compiled training step runs it too;
+    - probe: an object with weights(attn, q, k, a) -> a and heads(attn, o) -> o. When set, the
+      layer takes the explicit path: A = F.attention_weights(...) as Tensor ops (q, k after rotary),
+      which the probe may record, differentiate or edit, then the heads' outputs O = A v, (B, H,
+      Tq, Dv), which it may edit too, before W_O. The fused path is the same computation.
     """
+
+    score_scale: float | None = None
+    probe: Any = None
 
     def __init__(
         self,
@@ -292,8 +303,20 @@ class Attention(Module):
             k, v = Tensor(k_all, dtype=k_all.dtype), Tensor(v_all, dtype=v_all.dtype)
         mask = _attention_mask(type(self).__name__, key_mask, k.shape[0], k.shape[2])
         # Causal, bottom-right aligned: new query i (at offset + i) reads keys j <= offset + i.
-        y = grouped_attention(q, k, v, self.causal, mask)
+        if self.probe is not None:  # the explicit path (see the class's docstring)
+            a = F.attention_weights(q, k, self.causal, mask, self.scale)
+            a = self.probe.weights(self, q, k, a)
+            y = self.probe.heads(self, a @ F.per_query_head(v, self.n_head))
+        else:
+            if self.score_scale is not None:  # (c q).k / sqrt(D) = score_scale * q.k
+                q = q * (self.score_scale * math.sqrt(self.head_dim))
+            y = grouped_attention(q, k, v, self.causal, mask)
         return self.resid_dropout(self.c_proj(_merge_heads(y)))
+
+    @property
+    def scale(self) -> float:
+        """The factor of q.k in the scores: 1/sqrt(D) (notes 7.1) unless score_scale says."""
+        return 1.0 / math.sqrt(self.head_dim) if self.score_scale is None else self.score_scale
 
     def extra_repr(self) -> str:
         kv = "" if self.n_kv_head == self.n_head else f", n_kv_head={self.n_kv_head}"

@@ -1,0 +1,5 @@
+import sys
+
+from models.lab import main
+
+sys.exit(main())
