@@ -94,7 +94,7 @@ def hint(workspace: Path, n: int, lang: str) -> list[str]:
     save_progress(workspace, progress)
     lines = [say("hint", lang, n=n, level=level), BY_NUMBER[n].hints[lang][level - 1]]
     if level == 3:
-        lines.append(say("no_more_hints", lang, n=n))
+        lines.append(say("no_more_hints", lang, n=n, dir=workspace))
     return lines
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import math
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -184,17 +186,77 @@ def _probes() -> dict[str, list[tuple]]:
 # Classic mistakes, each written as the wrong function it amounts to: a learner's output equal to
 # one of them (on the probes) gets that diagnosis. Generic ones (sign, factor, transposed, the
 # broadcast not summed back) are recognised without a list.
-def _adam(p, g, m, v, t, lr, betas, eps, wd, correct=True, l2=False, decay_lr=True, inside=False):
+def _adam(
+    p,
+    g,
+    m,
+    v,
+    t,
+    lr,
+    betas,
+    eps,
+    wd,
+    correct=True,
+    l2=False,
+    decay_lr=True,
+    inside=False,
+    after=False,
+):
     b1, b2 = betas
     if l2:
         g = g + wd * p
-    else:
+    elif not after:
         p = p * (1 - (lr * wd if decay_lr else wd))
     m = b1 * m + (1 - b1) * g
     v = b2 * v + (1 - b2) * g * g
     m_hat, v_hat = (m / (1 - b1**t), v / (1 - b2**t)) if correct else (m, v)
     denom = np.sqrt(v_hat + eps) if inside else np.sqrt(v_hat) + eps
-    return p - lr * m_hat / denom, m, v
+    p = p - lr * m_hat / denom
+    return (p * (1 - lr * wd) if after else p), m, v
+
+
+def _unbroadcast_left_aligned(grad, shape):
+    # shapes lined up from the left: the trailing axes taken for the ones broadcasting added
+    out = grad.sum(axis=tuple(range(len(shape), grad.ndim)))
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and out.shape[i] != 1)
+    return out.sum(axis=stretched, keepdims=True)
+
+
+def _attention_mask_times_zero(q, k, v, g, allowed):
+    # scores multiplied by the mask: a forbidden score is 0, which softmax still weighs (e^0 = 1)
+    d = q.shape[-1]
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(d) * allowed
+    a = np_softmax(s, -1)
+    da = g @ np.swapaxes(v, -1, -2)
+    ds = a * (da - (a * da).sum(axis=-1, keepdims=True)) / math.sqrt(d)
+    return ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(a, -1, -2) @ g
+
+
+def _gather_last_axis(index, g, shape, axis):
+    from models.learn.solutions.ex08_embedding import gather_backward
+
+    return gather_backward(index, g, shape, len(shape) - 1)
+
+
+def _ce_whole_array(logits, targets, ignore_index=-100):
+    kept = targets != ignore_index
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    p[np.flatnonzero(kept), targets[kept]] -= 1
+    return p * (kept / max(int(kept.sum()), 1))[:, None]
+
+
+def _ln(x, w, g, eps, xhat_term=True, eps_inside=True):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    rstd = 1 / np.sqrt(var + eps) if eps_inside else 1 / (np.sqrt(var) + eps)
+    xhat = (x - mean) * rstd
+    u = g * w
+    dx = u - u.mean(axis=-1, keepdims=True)
+    if xhat_term:
+        dx = dx - xhat * (u * xhat).mean(axis=-1, keepdims=True)
+    rows = g.reshape(-1, g.shape[-1]), xhat.reshape(-1, x.shape[-1])
+    return rstd * dx, (rows[0] * rows[1]).sum(axis=0), rows[0].sum(axis=0)
 
 
 def _attention_unmasked(q, k, v, g, allowed):
@@ -266,7 +328,11 @@ def _ln_constant_statistics(x, w, g, eps):
 
 
 MISTAKES: dict[str, list[tuple[str, Callable]]] = {
-    "matmul_backward": [("d_transposed", lambda a, b, g: (g @ b, a @ g))],
+    "unbroadcast": [("d_unbroadcast_wrong_axes", _unbroadcast_left_aligned)],
+    "matmul_backward": [
+        ("d_transposed", lambda a, b, g: (g @ b, a @ g)),
+        ("d_swapped", lambda a, b, g: (a.T @ g, g @ b.T)),
+    ],
     "tanh_backward": [("d_tanh_twice", lambda y, g: g * (1 - np.tanh(y) ** 2))],
     "max_backward": [
         ("d_ties_not_split", _max_each_tie),
@@ -275,17 +341,31 @@ MISTAKES: dict[str, list[tuple[str, Callable]]] = {
     "softmax_backward": [
         ("d_softmax_no_diagonal", lambda a, g: -a * (a * g).sum(axis=-1, keepdims=True)),
         ("d_softmax_only_diagonal", lambda a, g: a * g),
+        ("d_softmax_wrong_axis", lambda a, g: a * (g - (a * g).sum(axis=0, keepdims=True))),
+        ("d_softmax_whole_array", lambda a, g: a * (g - (a * g).sum())),
     ],
-    "log_softmax_backward": [("d_log_softmax_no_sum", lambda y, g: g - np.exp(y) * g)],
+    "log_softmax_backward": [
+        ("d_log_softmax_no_sum", lambda y, g: g - np.exp(y) * g),
+        ("d_softmax_whole_array", lambda y, g: g - np.exp(y) * g.sum()),
+    ],
     "cross_entropy_backward": [
         ("d_ignored_rows", _ce_ignored_rows_kept),
         ("d_mean_over_all_rows", _ce_mean_over_all),
+        ("d_softmax_whole_array", _ce_whole_array),
     ],
-    "layer_norm_backward": [("d_constant_statistics", _ln_constant_statistics)],
+    "layer_norm_backward": [
+        ("d_constant_statistics", _ln_constant_statistics),
+        ("d_ln_no_xhat_term", lambda *a: _ln(*a, xhat_term=False)),
+        ("d_ln_eps_outside_sqrt", lambda *a: _ln(*a, eps_inside=False)),
+    ],
     "embedding_backward": [("d_not_accumulated", _embedding_assigned)],
-    "gather_backward": [("d_not_accumulated", _gather_put)],
+    "gather_backward": [
+        ("d_not_accumulated", _gather_put),
+        ("d_gather_axis", _gather_last_axis),
+    ],
     "attention_backward": [
         ("d_mask_gradient", _attention_unmasked),
+        ("d_mask_times_zero", _attention_mask_times_zero),
         ("d_transposed", _attention_dk_untransposed),
     ],
     "adamw_step": [
@@ -293,8 +373,89 @@ MISTAKES: dict[str, list[tuple[str, Callable]]] = {
         ("d_l2_decay", lambda *a: _adam(*a, l2=True)),
         ("d_decay_without_lr", lambda *a: _adam(*a, decay_lr=False)),
         ("d_eps_inside_sqrt", lambda *a: _adam(*a, inside=True)),
+        ("d_decay_after_step", lambda *a: _adam(*a, after=True)),
     ],
 }
+
+# A result off by a constant factor that is a quantity of the case: (diagnosis, the factor and
+# the quantity it names). A missing 1/N multiplies by N, a missing 1/sqrt(d) by sqrt(d).
+FACTORS: dict[str, list[tuple[str, Callable]]] = {
+    "cross_entropy_backward": [
+        (
+            "d_missing_mean",
+            lambda logits, targets, ignore=-100: [int((targets != ignore).sum())] * 2,
+        ),
+    ],
+    "attention_backward": [
+        ("d_missing_scale", lambda q, *_: (math.sqrt(q.shape[-1]), q.shape[-1])),
+    ],
+}
+
+# A result of the wrong shape explained by the right values in another shape: (diagnosis, test).
+SHAPES: list[tuple[str, Callable]] = [
+    # the right numbers with the summed size-1 axes dropped (a sum without keepdims)
+    ("d_keepdims_dropped", lambda got, e: got.size == e.size and _close(got.reshape(e.shape), e)),
+    # the broadcast dimensions still there: summing them back gives the right result
+    ("d_not_summed", lambda got, e: _close(_unbroadcast_or_none(got, e.shape), e)),
+]
+
+
+def _unbroadcast_or_none(got, shape):
+    try:
+        return autograd.unbroadcast(got, shape)
+    except (ValueError, IndexError):
+        return None
+
+
+def _with_reduced_axes_kept(args: tuple, g_at: int, shape: tuple) -> tuple:
+    """A reduction VJP's args (..., axes, keepdims) with g (at g_at) given its reduced axes back
+    as size-1 axes, and keepdims=True: what it gets once the axes are put back."""
+    args = list(args)
+    axes = args[-2]
+    args[g_at] = args[g_at].reshape(tuple(1 if d in axes else n for d, n in enumerate(shape)))
+    args[-1] = True
+    return tuple(args)
+
+
+def _reduction_axes_not_put_back(learner, ref, args, g_at: int, shape_of: Callable) -> bool:
+    """It raised, yet with the reduced axes put back for it, it gives the right answer."""
+    if args[-1]:  # keepdims: nothing to put back
+        return False
+    fixed = _with_reduced_axes_kept(args, g_at, shape_of(args))
+    try:
+        return _close(learner(*_copy(fixed)), ref(*_copy(args)))
+    except Exception:
+        return False
+
+
+def _uses_dot_t(learner, ref, args) -> bool:
+    """It raised on 4-D arrays and its code uses .T (which reverses every axis of a 4-D array)."""
+    try:
+        source = inspect.getsource(learner)
+    except (OSError, TypeError):
+        return False
+    return bool(re.search(r"\.T\b", source)) and any(np.ndim(a) > 2 for a in args)
+
+
+# A function that raises, explained: (diagnosis, test(learner, reference, args) -> bool).
+RAISES: dict[str, list[tuple[str, Callable]]] = {
+    "sum_backward": [
+        (
+            "d_reduced_axes_not_put_back",
+            lambda f, r, a: _reduction_axes_not_put_back(f, r, a, 0, lambda args: args[1]),
+        )
+    ],
+    "max_backward": [
+        (
+            "d_reduced_axes_not_put_back",
+            lambda f, r, a: _reduction_axes_not_put_back(f, r, a, 1, lambda args: args[0].shape),
+        )
+    ],
+    "attention_backward": [("d_dot_t_on_4d", _uses_dot_t)],
+}
+
+# Changing an input in place: what the piece is, for the message.
+IN_PLACE_RULE = {"adamw_step": "rule_step"}  # every other piece is a VJP: "rule_vjp"
 
 
 def _close(a, b) -> bool:
@@ -327,33 +488,38 @@ def probe(name: str, learner: Callable, ref: Callable, args: tuple, lang: str) -
     except NotImplementedError as exc:
         raise Failed(say("stub", lang, name=name), "stub") from exc
     except Exception as exc:
-        raise Failed(say("raised", lang, name=name, error=_short(exc)), "raised") from exc
+        line = say("raised", lang, name=name, error=_short(exc))
+        for key, explains in RAISES.get(name, []):
+            with np.errstate(all="ignore"):
+                if explains(learner, ref, args):
+                    raise Failed(line, key, say(key, lang)) from exc
+        raise Failed(line, "raised") from exc
     for i, (before, after) in enumerate(zip(args, given, strict=True)):
         if isinstance(before, np.ndarray) and not np.array_equal(before, after, equal_nan=True):
-            raise Failed(say("changed_input", lang, name=name, arg=i), "changed_input")
+            rule = say(IN_PLACE_RULE.get(name, "rule_vjp"), lang)
+            arg = _parameter(learner, i)
+            raise Failed(
+                say("changed_input", lang, name=name, n=i + 1, arg=arg, rule=rule), "changed_input"
+            )
+    if got is None:
+        raise Failed(say("returned_none", lang, name=name), "returned_none")
     expected = _parts(name, ref(*_copy(args)))
     try:
         got = _parts(name, got)
     except (TypeError, ValueError) as exc:
         raise Failed(say("raised", lang, name=name, error=_short(exc)), "raised") from exc
     labels = PARTS.get(name, ("result",))
-    for part, g, e in zip(labels, got, expected, strict=True):
+    for index, (part, g, e) in enumerate(zip(labels, got, expected, strict=True)):
         if _close(g, e):
             continue
-        index = labels.index(part)
         part = {"en": "the result", "zh": "结果"}[lang] if part == "result" else part
         where = _describe_args(args)
+        key, values = _diagnose(name, index, g, e, args)
         if g.shape != e.shape:
             line = say(
                 "shape", lang, name=name, args=where, part=part, got=g.shape, expected=e.shape
             )
-            try:
-                summed = autograd.unbroadcast(g, e.shape)
-            except (ValueError, IndexError):
-                summed = None
-            if summed is not None and _close(summed, e):
-                raise Failed(line, "d_not_summed", say("d_not_summed", lang, part=part))
-            raise Failed(line, "shape")
+            raise Failed(line, key or "shape", say(key, lang, part=part, **values) if key else None)
         diff = np.abs(g - e)
         diff = np.where(np.isnan(diff), np.inf, diff)
         worst = np.unravel_index(np.argmax(diff), e.shape) if e.ndim else ()
@@ -367,8 +533,14 @@ def probe(name: str, learner: Callable, ref: Callable, args: tuple, lang: str) -
             expected=float(e[worst]),
             got=float(g[worst]),
         )
-        key = _diagnose(name, index, g, e, args)
-        raise Failed(line, key, say(key, lang, part=part, factor=_factor(g, e)) if key else None)
+        raise Failed(line, key, say(key, lang, part=part, **values) if key else None)
+
+
+def _parameter(function: Callable, i: int) -> str:
+    try:
+        return list(inspect.signature(function).parameters)[i]
+    except (TypeError, ValueError, IndexError):
+        return "?"
 
 
 def _factor(got, expected) -> float:
@@ -376,18 +548,30 @@ def _factor(got, expected) -> float:
     return float(np.sum(got * expected)) / denom if denom else math.nan
 
 
-def _diagnose(name, index, got, expected, args) -> str | None:
+def _diagnose(name, index, got, expected, args) -> tuple[str | None, dict]:
+    """The classic mistake that explains `got` (part `index` of `name`'s result) where
+    `expected` was due: the diagnosis key and the values its message names."""
     for key, wrong in MISTAKES.get(name, []):
-        with np.errstate(all="ignore"):
-            mistaken = _parts(name, wrong(*_copy(args)))[index]
+        try:
+            with np.errstate(all="ignore"):
+                mistaken = _parts(name, wrong(*_copy(args)))[index]
+        except Exception:  # a mistake that cannot even run on these arguments is not this one
+            continue
         if _close(got, mistaken):
-            return key
+            return key, {}
+    if got.shape != expected.shape:
+        return next((key for key, explains in SHAPES if explains(got, expected)), None), {}
     c = _factor(got, expected)
-    if np.isfinite(c) and _close(got, c * expected):
-        return "d_sign" if abs(c + 1) < 1e-9 else "d_factor"
-    if got.ndim >= 2 and _close(np.swapaxes(got, -1, -2), expected):
-        return "d_transposed"
-    return None
+    if not (np.isfinite(c) and _close(got, c * expected)):
+        transposed = got.ndim >= 2 and _close(np.swapaxes(got, -1, -2), expected)
+        return ("d_transposed" if transposed else None), {}
+    if abs(c + 1) < 1e-9:
+        return "d_sign", {}
+    for key, quantity in FACTORS.get(name, []):
+        factor, value = quantity(*args)
+        if abs(c - factor) <= 1e-9 * factor:
+            return key, {"value": value}
+    return "d_factor", {"factor": c}
 
 
 # --- the engine cases: check_op with the learner's code plugged in ------------------------------

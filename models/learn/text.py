@@ -29,8 +29,27 @@ MESSAGES: dict[str, dict[str, str]] = {
     },
     "raised": {"en": "{name} raised {error}", "zh": "{name} 抛出了 {error}"},
     "changed_input": {
-        "en": "{name} changed its argument {arg} in place: a VJP must leave its inputs alone",
-        "zh": "{name} 原地修改了它的参数 {arg}：VJP 不能改动它的输入",
+        "en": "{name} changed its argument {n} ({arg}) in place: {rule}",
+        "zh": "{name} 原地修改了它的第 {n} 个参数（{arg}）：{rule}",
+    },
+    "rule_vjp": {
+        "en": "a VJP must leave its inputs alone",
+        "zh": "VJP 不能改动它的输入",
+    },
+    "rule_step": {
+        "en": "the optimizer step must return new arrays (p, m, v) and leave the ones it was "
+        "given alone",
+        "zh": "优化器的一步必须返回新的数组 (p, m, v)，不能改动传给它的数组",
+    },
+    "returned_none": {
+        "en": "{name} returned None: a `return` is missing (or returns nothing)",
+        "zh": "{name} 返回了 None：缺少 `return`（或 return 后面没有值）",
+    },
+    "earlier_exercise": {
+        "en": "the cause is likely exercise {n} ({title}): this file imports your {names} from "
+        "{file}, and exercise {n} does not pass (`check {dir} {n}`)",
+        "zh": "原因很可能在练习 {n}（{title}）：这个文件从 {file} 导入了你的 {names}，而练习 {n} "
+        "没有通过（`check {dir} {n}`）",
     },
     "case": {
         "en": "failing case: {case} (inputs {shapes})",
@@ -51,6 +70,87 @@ MESSAGES: dict[str, dict[str, str]] = {
     "d_factor": {
         "en": "{part} is off by a constant factor {factor:.6g}",
         "zh": "{part} 差一个常数因子 {factor:.6g}",
+    },
+    "d_missing_mean": {
+        "en": "{part} is missing 1/N (N = {value}): the loss is the mean over the N kept rows, "
+        "so every kept row's gradient is divided by N",
+        "zh": "{part} 缺少 1/N（N = {value}）：损失是 N 个保留行的平均，所以每个保留行的梯度都要"
+        "除以 N",
+    },
+    "d_missing_scale": {
+        "en": "{part} is missing 1/√d (d = {value}): the scores are q kᵀ / √d, so dS carries "
+        "the 1/√d into dq and dk (notes 10.7)",
+        "zh": "{part} 缺少 1/√d（d = {value}）：分数是 q kᵀ / √d，所以 dS 要把 1/√d 带进 dq 与 dk"
+        "（笔记 10.7）",
+    },
+    "d_swapped": {
+        "en": "the two gradients are swapped: return (dA, dB) in the inputs' order, dA = g Bᵀ "
+        "first, then dB = Aᵀ g",
+        "zh": "两个梯度的顺序反了：按输入的顺序返回 (dA, dB)，先 dA = g Bᵀ，再 dB = Aᵀ g",
+    },
+    "d_unbroadcast_wrong_axes": {
+        "en": "the wrong axes were summed: numpy lines shapes up from the right, so the axes "
+        "broadcasting added are the first grad.ndim - len(shape), and shape's axis i is grad's "
+        "axis lead + i",
+        "zh": "求和的轴不对：numpy 从右边对齐形状，所以广播添加的是前 grad.ndim - len(shape) 个"
+        "轴，shape 的第 i 个轴是 grad 的第 lead + i 个轴",
+    },
+    "d_keepdims_dropped": {
+        "en": "{part} has the right numbers but lost its size-1 axes: keep the summed axes "
+        "(keepdims=True, or reshape to the input's shape)",
+        "zh": "{part} 的数值对，但丢了长度为 1 的轴：保留求和的轴（keepdims=True，或 reshape 回"
+        "输入的形状）",
+    },
+    "d_reduced_axes_not_put_back": {
+        "en": "the reduced axes were not put back: without keepdims, g lacks the summed axes; "
+        "reshape g with size 1 on them before broadcasting it to the input's shape",
+        "zh": "没有把被归约的轴放回去：没有 keepdims 时 g 缺少被求和的轴；先把这些轴以长度 1 "
+        "reshape 回去，再广播到输入的形状",
+    },
+    "d_softmax_wrong_axis": {
+        "en": "the sum runs over the wrong axis: softmax normalises each row over the last axis, "
+        "so sum(a g) is over axis=-1 (keepdims=True)",
+        "zh": "求和的轴不对：softmax 沿最后一个轴对每一行归一化，所以 sum(a g) 沿 axis=-1"
+        "（keepdims=True）",
+    },
+    "d_softmax_whole_array": {
+        "en": "the sum runs over the whole array: softmax and log-softmax normalise each row "
+        "on its own (axis=-1, keepdims=True)",
+        "zh": "求和遍及整个数组：softmax 与 log-softmax 对每一行分别归一化（axis=-1，"
+        "keepdims=True）",
+    },
+    "d_ln_no_xhat_term": {
+        "en": "the term from the variance is missing: dx = (u - mean(u) - xhat * mean(u xhat)) "
+        "/ s; the variance depends on every x of the row too (notes 10.8)",
+        "zh": "缺少来自方差的那一项：dx = (u - mean(u) - x̂ mean(u x̂)) / s；方差同样依赖同一行的"
+        "每个 x（笔记 10.8）",
+    },
+    "d_ln_eps_outside_sqrt": {
+        "en": "eps is outside the square root: s = sqrt(var + eps), as in the forward pass",
+        "zh": "eps 放在了平方根外面：s = sqrt(var + eps)，与前向传播一致",
+    },
+    "d_gather_axis": {
+        "en": "the gather's axis was ignored (the last axis used): index runs along `axis`; "
+        "put it in the coordinates at that axis",
+        "zh": "忽略了 gather 的轴（用了最后一个轴）：index 沿 `axis` 取值；把它放进该轴的坐标",
+    },
+    "d_mask_times_zero": {
+        "en": "the scores were masked by multiplying by 0: a score of 0 still gets weight "
+        "(e^0 = 1); a forbidden score must be -inf (np.where(allowed, s, -np.inf))",
+        "zh": "用乘以 0 来做掩码：分数 0 仍然有权重（e^0 = 1）；禁止位置的分数必须是 -inf"
+        "（np.where(allowed, s, -np.inf)）",
+    },
+    "d_dot_t_on_4d": {
+        "en": ".T on a 4-D array reverses all four axes (B, H, T, D -> D, T, H, B): transpose "
+        "only the last two with x.swapaxes(-1, -2)",
+        "zh": "对四维数组用 .T 会反转全部四个轴（B, H, T, D -> D, T, H, B）：只转置最后两个轴，"
+        "用 x.swapaxes(-1, -2)",
+    },
+    "d_decay_after_step": {
+        "en": "the decay was applied after the Adam step: decay p first, p *= 1 - lr * "
+        "weight_decay, then take the step from the decayed p",
+        "zh": "衰减放在了 Adam 更新之后：应先衰减 p，p *= 1 - lr * weight_decay，再从衰减后的 p "
+        "做更新",
     },
     "d_transposed": {
         "en": "{part} is transposed (swap the factors' order and transposes: dA = g Bᵀ, not Bᵀ g "
@@ -239,8 +339,10 @@ MESSAGES: dict[str, dict[str, str]] = {
     },
     "hint": {"en": "hint {level} of 3 for exercise {n}:", "zh": "练习 {n} 的提示（{level}/3）："},
     "no_more_hints": {
-        "en": "that was the last hint; `solution {n}` shows glassgrad's own code",
-        "zh": "这是最后一条提示；`solution {n}` 会显示 glassgrad 自己的代码",
+        "en": "that was the last hint; `python -m models.learn solution {n} --dir {dir}` shows "
+        "glassgrad's own code",
+        "zh": "这是最后一条提示；`python -m models.learn solution {n} --dir {dir}` 会显示 "
+        "glassgrad 自己的代码",
     },
     "solution_locked": {
         "en": "exercise {n}'s solution opens after you pass it or read its last hint "
