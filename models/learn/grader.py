@@ -872,14 +872,25 @@ def _adamw_case(functions, lang) -> None:
 def grade(workspace: Path, number: int, lang: str) -> Report:
     exercise = BY_NUMBER[number]
     title = exercise.title[lang]
+    imported: list[Exercise] = []
     try:
         functions = load(workspace, exercise, lang)
+        imported = [e for e in BY_NUMBER.values() if e.number != number and e.module in sys.modules]
         _grade_functions(exercise, functions, lang)
     except Failed as failure:
         lines = [say("fail", lang, n=number, title=title), "  " + failure.line]
         if failure.text:
             lines.append("  " + say("diagnosis", lang, text=failure.text))
-        return Report(number, False, lines, [failure.diagnosis] if failure.diagnosis else [])
+        diagnoses = [failure.diagnosis] if failure.diagnosis else []
+        for earlier in imported:  # a wrong piece from an earlier file breaks this one
+            if not grade(workspace, earlier.number, lang).passed:
+                names = ", ".join(f.name for f in earlier.functions)
+                values = {"n": earlier.number, "title": earlier.title[lang], "file": earlier.file}
+                lines.append(
+                    "  " + say("earlier_exercise", lang, names=names, dir=workspace, **values)
+                )
+                diagnoses = ["earlier_exercise"]
+        return Report(number, False, lines, diagnoses)
     return Report(number, True, [say("pass", lang, n=number, title=title)])
 
 
