@@ -423,3 +423,89 @@ def test_the_guides_snippets_run_and_their_sample_failure_is_what_check_prints(t
     )
     printed = "\n".join(grade(tmp_path, 5, lang).lines)
     assert printed in text, printed
+
+
+@pytest.mark.parametrize(
+    ("number", "old", "new", "en", "zh"),
+    [
+        (
+            6,
+            "return p * (kept / max(int(kept.sum()), 1))[:, None]",
+            "return p * kept[:, None]",
+            "missing 1/N (N = 3)",
+            "缺少 1/N（N = 3）",
+        ),
+        (
+            9,
+            "(a * da).sum(axis=-1, keepdims=True)) * scale",
+            "(a * da).sum(axis=-1, keepdims=True))",
+            "missing 1/√d (d = 3)",
+            "缺少 1/√d（d = 3）",
+        ),
+        (
+            10,
+            "    m = b1 * m + (1 - b1) * g",
+            "    m *= b1\n    m += (1 - b1) * g",
+            "changed its argument 3 (m) in place: the optimizer step",
+            "第 3 个参数（m）：优化器",
+        ),
+        (
+            3,
+            "return g * (1 - y * y)",
+            "g * (1 - y * y)",
+            "tanh_backward returned None: a `return` is missing",
+            "tanh_backward 返回了 None：缺少 `return`",
+        ),
+    ],
+)
+def test_the_messages_name_the_factor_the_argument_and_the_missing_return(
+    tmp_path, number, old, new, en, zh
+):
+    """A missing 1/N or 1/sqrt(d) is named with its N or d, not as "a constant factor 3"; an
+    argument changed in place is counted from 1 and named, and AdamW's step is not called a VJP;
+    a forgotten return says so instead of "the result has shape ()"."""
+    write_solution(tmp_path, number, old, new)
+    english, chinese = ("\n".join(grade(tmp_path, number, lang).lines) for lang in ("en", "zh"))
+    assert en in english and zh in chinese, (english, chinese)
+    assert "VJP" not in english + chinese or number != 10, english
+    assert "shape ()" not in english and "形状是 ()" not in chinese, (english, chinese)
+
+
+def test_a_wrong_earlier_exercise_is_named_by_the_one_that_imports_it(tmp_path):
+    """Exercise 9 written as its stub suggests (softmax_backward imported from exercise 5): with a
+    wrong exercise 5 it fails and names exercise 5 as the cause; with a right one it passes."""
+    ds = "ds = a * (da - (a * da).sum(axis=-1, keepdims=True)) * scale"
+    write_solution(tmp_path, 9, ds, "ds = softmax_backward(a, da) * scale")
+    text = (tmp_path / BY_NUMBER[9].file).read_text(encoding="utf-8")
+    (tmp_path / BY_NUMBER[9].file).write_text(
+        "from ex05_softmax import softmax_backward\n" + text, encoding="utf-8"
+    )
+    write_solution(
+        tmp_path, 5, "return a * (g - (a * g).sum(axis=-1, keepdims=True))", "return a * g"
+    )
+    for lang, named in (
+        ("en", "the cause is likely exercise 5 (Softmax)"),
+        ("zh", "练习 5（Softmax）"),
+    ):
+        report = grade(tmp_path, 9, lang)
+        assert not report.passed and report.diagnoses == ["earlier_exercise"], report.lines
+        assert named in report.lines[-1] and "softmax_backward" in report.lines[-1], report.lines
+    write_solution(tmp_path, 5)
+    assert grade(tmp_path, 9, "en").passed
+
+
+def test_the_last_hint_gives_a_solution_command_that_works_from_where_it_ran(
+    tmp_path, monkeypatch, capsys
+):
+    ws = tmp_path / "ws"
+    cli.main(["start", str(ws), "--lang", "en"])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for _ in range(3):
+        cli.main(["hint", str(ws), "2"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    command = re.search(r"`python -m models\.learn (solution [^`]+)`", last)
+    assert command, last
+    assert cli.main(command[1].split()) == 0
+    assert "def matmul_backward" in capsys.readouterr().out
