@@ -47,9 +47,9 @@ MESSAGES: dict[str, dict[str, str]] = {
     },
     "earlier_exercise": {
         "en": "the cause is likely exercise {n} ({title}): this file imports your {names} from "
-        "{file}, and exercise {n} does not pass (`check {dir} {n}`)",
+        "{file}, and exercise {n} does not pass (`python -m models.learn check {dir} {n}`)",
         "zh": "原因很可能在练习 {n}（{title}）：这个文件从 {file} 导入了你的 {names}，而练习 {n} "
-        "没有通过（`check {dir} {n}`）",
+        "没有通过（`python -m models.learn check {dir} {n}`）",
     },
     "case": {
         "en": "failing case: {case} (inputs {shapes})",
