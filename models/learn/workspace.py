@@ -32,7 +32,7 @@ the classic mistake it recognises. Arrays are float64 numpy arrays; row vectors 
 {capstone}. Capstone: `check {dir} {capstone}` runs every piece of yours at once: the notes' ch. 11
 worked example (L 2.541928 -> 1.761382 after one step) and the demo GPT (`python -m
 models.train`'s defaults) trained for its first 200 steps beside glassgrad's own, every loss
-equal to 1e-9 (about a minute; it prints a table as it runs).
+equal to 1e-9 (two to three minutes on a small machine; it prints a table as it runs).
 """,
     "zh": """# 通过重建来学习自动微分
 
@@ -51,7 +51,7 @@ equal to 1e-9 (about a minute; it prints a table as it runs).
 
 {capstone}. 综合练习：`check {dir} {capstone}` 同时运行你的所有部件：笔记第 11 章的例子（一步之后
 L 2.541928 -> 1.761382），以及演示 GPT（`python -m models.train` 的默认设置）与 glassgrad 自己的
-并排训练前 200 步，每一步的损失都必须相差不超过 1e-9（约一分钟；运行时打印一张表）。
+并排训练前 200 步，每一步的损失都必须相差不超过 1e-9（在小机器上约两到三分钟；运行时打印一张表）。
 """,
 }
 
