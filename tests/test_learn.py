@@ -159,6 +159,12 @@ WRONG = [
     ),
     (
         7,
+        "dx = rstd * (u - mean_u - xhat * mean_uxhat)",
+        "dx = rstd * (u - xhat * mean_uxhat)",
+        "d_ln_no_mean_term",
+    ),
+    (
+        7,
         "rstd = 1 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)",
         "rstd = 1 / (np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True)) + eps)",
         "d_ln_eps_outside_sqrt",

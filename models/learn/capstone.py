@@ -290,7 +290,7 @@ def run_pieces(
     # One BLAS thread for both runs (they compare within one process, so what is checked is
     # the same): the demo's products are small; on a quiet 2-core machine a second thread saved
     # a fifth of the time, on a busy one each product waited for a thread that was not scheduled
-    # and the capstone took 164 s instead of 42-50 s (docs/learn.md).
+    # and the capstone took 164 s instead of 42-50 s on that machine (docs/learn.md).
     with one_blas_thread()():
         try:
             gpt = _gpt(pieces, lang, settings, steps, progress)

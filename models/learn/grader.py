@@ -246,13 +246,13 @@ def _ce_whole_array(logits, targets, ignore_index=-100):
     return p * (kept / max(int(kept.sum()), 1))[:, None]
 
 
-def _ln(x, w, g, eps, xhat_term=True, eps_inside=True):
+def _ln(x, w, g, eps, xhat_term=True, mean_term=True, eps_inside=True):
     mean = x.mean(axis=-1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
     rstd = 1 / np.sqrt(var + eps) if eps_inside else 1 / (np.sqrt(var) + eps)
     xhat = (x - mean) * rstd
     u = g * w
-    dx = u - u.mean(axis=-1, keepdims=True)
+    dx = u - u.mean(axis=-1, keepdims=True) if mean_term else u
     if xhat_term:
         dx = dx - xhat * (u * xhat).mean(axis=-1, keepdims=True)
     rows = g.reshape(-1, g.shape[-1]), xhat.reshape(-1, x.shape[-1])
@@ -356,6 +356,7 @@ MISTAKES: dict[str, list[tuple[str, Callable]]] = {
     "layer_norm_backward": [
         ("d_constant_statistics", _ln_constant_statistics),
         ("d_ln_no_xhat_term", lambda *a: _ln(*a, xhat_term=False)),
+        ("d_ln_no_mean_term", lambda *a: _ln(*a, mean_term=False)),
         ("d_ln_eps_outside_sqrt", lambda *a: _ln(*a, eps_inside=False)),
     ],
     "embedding_backward": [("d_not_accumulated", _embedding_assigned)],

@@ -125,6 +125,12 @@ MESSAGES: dict[str, dict[str, str]] = {
         "zh": "缺少来自方差的那一项：dx = (u - mean(u) - x̂ mean(u x̂)) / s；方差同样依赖同一行的"
         "每个 x（笔记 10.8）",
     },
+    "d_ln_no_mean_term": {
+        "en": "the term from the mean is missing: dx = (u - mean(u) - xhat * mean(u xhat)) / s; "
+        "the mean depends on every x of the row too (notes 10.8)",
+        "zh": "缺少来自均值的那一项：dx = (u - mean(u) - x̂ mean(u x̂)) / s；均值同样依赖同一行的"
+        "每个 x（笔记 10.8）",
+    },
     "d_ln_eps_outside_sqrt": {
         "en": "eps is outside the square root: s = sqrt(var + eps), as in the forward pass",
         "zh": "eps 放在了平方根外面：s = sqrt(var + eps)，与前向传播一致",
