@@ -90,10 +90,10 @@ MESSAGES: dict[str, dict[str, str]] = {
     },
     "d_unbroadcast_wrong_axes": {
         "en": "the wrong axes were summed: numpy lines shapes up from the right, so the axes "
-        "broadcasting added are the first grad.ndim - len(shape), and shape's axis i is grad's "
-        "axis lead + i",
-        "zh": "求和的轴不对：numpy 从右边对齐形状，所以广播添加的是前 grad.ndim - len(shape) 个"
-        "轴，shape 的第 i 个轴是 grad 的第 lead + i 个轴",
+        "broadcasting added are the first lead = grad.ndim - len(shape), and shape's axis i is "
+        "grad's axis lead + i",
+        "zh": "求和的轴不对：numpy 从右边对齐形状，所以广播添加的是前 lead = grad.ndim - len(shape)"
+        " 个轴，shape 的第 i 个轴是 grad 的第 lead + i 个轴",
     },
     "d_keepdims_dropped": {
         "en": "{part} has the right numbers but lost its size-1 axes: keep the summed axes "
