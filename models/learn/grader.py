@@ -183,9 +183,12 @@ def _probes() -> dict[str, list[tuple]]:
     }
 
 
-# Classic mistakes, each written as the wrong function it amounts to: a learner's output equal to
-# one of them (on the probes) gets that diagnosis. Generic ones (sign, factor, transposed, the
-# broadcast not summed back) are recognised without a list.
+# Classic mistakes, one home each, in four tables: MISTAKES, each written as the wrong function it
+# amounts to (a learner's output equal to one of them on the probes gets that diagnosis); FACTORS,
+# a constant factor that is a quantity of the case (a missing 1/N or 1/sqrt(d), named with its N
+# or d); SHAPES, a wrong shape that holds the right numbers; RAISES, a function that raises,
+# explained (its code works once the reduced axes are put back for it; .T on 4-D arrays). A sign
+# flipped, another constant factor and a transposed result are recognised without a list.
 def _adam(
     p,
     g,
