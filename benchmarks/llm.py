@@ -23,7 +23,7 @@ torch + transformers + gguf, --hf-python), and llama.cpp (llama-cpp-python, --ll
 the GGUF file as shipped and on the formats of --llama-formats, converted from it by llama.cpp's
 own quantize tool (F32 from Q4_1 holds exactly the float32 weights glassgrad loads). Each run is a
 fresh process of its own, the frameworks alternated, --rounds of each; medians quoted with each
-process's peak resident memory (ru_maxrss: load and run). Decoding a 135M model is bound by the
+process's peak resident memory (VmHWM: load and run). Decoding a 135M model is bound by the
 bytes of weights read per token, so each row also gives the weights' bytes x tokens/s beside the
 memory bandwidth of the same run (a numpy copy, read + write, best of 5). Run timings under the
 bench lock: `flock /tmp/glassgrad-bench.lock python -m benchmarks.llm`.
@@ -112,7 +112,14 @@ def _tokens_per_s(new: int, total: float, prefill: float) -> float:
 
 
 def _peak_rss_mb() -> float:
-    import resource
+    """This process's peak resident memory: VmHWM, the high-water mark of its own memory map.
+    (ru_maxrss would do, but Linux carries the parent's across fork and exec: a worker started
+    by a runner holding 1 GB would report at least that.)"""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    import resource  # not Linux
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
