@@ -698,7 +698,7 @@ def write_lesson(lesson: Lesson, path: str | Path) -> Path:
         title=html.escape(title.en),
         title_en=html.escape(title.en, quote=True),
         title_zh=html.escape(title.zh, quote=True),
-        heading=_words(title),
+        heading=words_html(title),
         css=(PAGE_DIR / "lesson.css").read_text(encoding="utf-8").strip(),
         js=(PAGE_DIR / "lesson.js").read_text(encoding="utf-8").strip(),
         svg=_svg(lesson),
@@ -770,7 +770,7 @@ def _svg(lesson: Lesson) -> str:
     return "\n".join(parts)
 
 
-def _words(words: Words) -> str:
+def words_html(words: Words) -> str:
     """HTML of a sentence: one span per language (the switch hides one), or the shared text."""
     if isinstance(words, Text):
         return (
@@ -782,31 +782,31 @@ def _words(words: Words) -> str:
 
 def _step_html(i: int, step: Step) -> str:
     e = html.escape
-    badge = f' <span class="badge">{_words(step.badge)}</span>' if step.badge else ""
+    badge = f' <span class="badge">{words_html(step.badge)}</span>' if step.badge else ""
     parts = [
         f'<section class="step {step.phase}" id="step-{i}" data-step="{i}" '
         f'data-phase="{e(step.phase)}" data-node="{step.node or ""}" '
         f'data-edges="{" ".join(str(k) for k in step.edges)}" '
         f'data-marked="{" ".join(step.marked)}" hidden>',
-        f"<h2>{_words(step.title)}{badge}</h2>",
+        f"<h2>{words_html(step.title)}{badge}</h2>",
     ]
     for f in step.formulas:
         parts.append(
             f'<p class="formula" data-latex="{e(f.latex)}" title="click to copy the LaTeX">'
-            f'<span class="tag">{_words(f.kind)}</span><code>{e(f.text)}</code></p>'
+            f'<span class="tag">{words_html(f.kind)}</span><code>{e(f.text)}</code></p>'
         )
-    parts += [f"<p>{_words(t)}</p>" for t in step.text]
+    parts += [f"<p>{words_html(t)}</p>" for t in step.text]
     for section, words in step.quotes:
         parts.append(
             f'<blockquote class="notes"><div class="source">'
-            f"{_words(Text(f'The notes, {section}', f'笔记原文，{section}'))}</div>"
-            f"{_words(words)}</blockquote>"
+            f"{words_html(Text(f'The notes, {section}', f'笔记原文，{section}'))}</div>"
+            f"{words_html(words)}</blockquote>"
         )
     for heading, rows in step.blocks:
-        parts.append(f"<h3>{_words(heading)}</h3>")
+        parts.append(f"<h3>{words_html(heading)}</h3>")
         for row in rows:
             value = f"<pre>{e(row.value)}</pre>" if row.value else ""
-            note = f'<div class="note">{_words(row.note)}</div>' if row.note else ""
+            note = f'<div class="note">{words_html(row.note)}</div>' if row.note else ""
             parts.append(
                 f'<div class="row"><div class="label">{e(row.label)}</div>{value}{note}</div>'
             )

@@ -16,9 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from autograd.viz.lesson import Text
-
-Words = str | Text
+from autograd.viz.lesson import Text, Words, words_html
 
 
 def _label(token: str, token_id: int) -> str:
@@ -571,15 +569,6 @@ JS = """
 """
 
 
-def _words(words: Words) -> str:
-    if isinstance(words, Text):
-        return (
-            f'<span lang="en" data-lang="en">{html.escape(words.en)}</span>'
-            f'<span lang="zh" data-lang="zh">{html.escape(words.zh)}</span>'
-        )
-    return html.escape(words)
-
-
 def write_html(results: dict[str, Any], plots: dict[str, str], out: Path, lang: str) -> Path:
     subject = results["model"]["name"]
     parts = [
@@ -587,14 +576,14 @@ def write_html(results: dict[str, Any], plots: dict[str, str], out: Path, lang: 
         "<title>glassgrad lab: the notes, measured</title>",
         f"<style>{CSS}</style>\n</head>\n<body>\n<header>",
         "<h1>"
-        + _words(Text("The notes, measured", "笔记中的论断，实测"))
+        + words_html(Text("The notes, measured", "笔记中的论断，实测"))
         + "</h1>"
         + '<span id="languages" role="group" aria-label="language / 语言">'
         + '<button type="button" data-set-lang="en" lang="en">English</button>'
         + '<button type="button" data-set-lang="zh" lang="zh">中文</button></span>',
         "</header>",
         "<p>"
-        + _words(
+        + words_html(
             Text(
                 f"Model under test: {subject} ({results['model']['kind']}; "
                 f"{results['model']['source']}). {results['model']['why']} "
@@ -609,12 +598,12 @@ def write_html(results: dict[str, Any], plots: dict[str, str], out: Path, lang: 
         if name not in results:
             continue
         section, zh, en = CLAIMS[name]
-        parts.append(f'<section id="{name}"><h2>{_words(TITLES[name])}</h2>')
+        parts.append(f'<section id="{name}"><h2>{words_html(TITLES[name])}</h2>')
         parts.append(
             f"<blockquote><p>{html.escape(zh)} <small>(notes {section})</small></p>"
             f'<p lang="en" data-lang="en"><em>{html.escape(en)}</em></p></blockquote>'
         )
-        parts.append(f"<p>{_words(METHODS[name])}</p>")
+        parts.append(f"<p>{words_html(METHODS[name])}</p>")
         for key in (name, f"{name}_training"):
             if key in plots:
                 data = base64.b64encode((out / plots[key]).read_bytes()).decode("ascii")
@@ -623,7 +612,7 @@ def write_html(results: dict[str, Any], plots: dict[str, str], out: Path, lang: 
             if kind == "code":
                 parts.append(f"<pre>{html.escape(words)}</pre>")
             else:
-                parts.append(f'<p class="{kind}">{_words(words)}</p>')
+                parts.append(f'<p class="{kind}">{words_html(words)}</p>')
         parts.append("</section>")
     parts.append(f"<script>{JS}</script>\n</body>\n</html>\n")
     path = out / "report.html"
