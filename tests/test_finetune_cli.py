@@ -163,17 +163,22 @@ def test_sft_trains_the_assistant_tokens_only_and_the_demo_moves_the_held_out_me
     ]
 
 
+def _lora_on_sums(base, out):
+    """Two float64 LoRA r 2 steps of --sft on a dozen sums ("2+2?" -> "4") from base into out."""
+    chats = out.parent / "chats.jsonl"
+    pairs = [("2+2?", "4"), ("3+3?", "6"), ("1+1?", "2"), ("4+4?", "8")] * 3
+    chat_data.write_jsonl(chats, [chat_data.conversation(q, a) for q, a in pairs])
+    argv = ["--init-from", str(base), "--sft", str(chats), "--lora-rank", "2", "--out", str(out)]
+    return _fit([*argv, "--steps", "2", "--batch-size", "2", "--dtype", "float64"])
+
+
 def test_a_hugging_face_llama_family_directory_fine_tunes_with_its_chat_template(tmp_path):
     """Qwen2's tiny checkpoint (tests/fixtures/hf): its tokenizer, its ChatML template with
     <|im_start|> / <|im_end|> as single tokens, LoRA on q/k/v/o_proj, merged and read back by
     models.from_pretrained with the logits of base + adapter."""
     qwen = FIXTURES / "qwen2"
-    chats = tmp_path / "chats.jsonl"
-    pairs = [("2+2?", "4"), ("3+3?", "6"), ("1+1?", "2"), ("4+4?", "8")] * 3
-    chat_data.write_jsonl(chats, [chat_data.conversation(q, a) for q, a in pairs])
     out = tmp_path / "lora"
-    argv = ["--init-from", str(qwen), "--sft", str(chats), "--lora-rank", "2", "--out", str(out)]
-    model, history = _fit([*argv, "--steps", "2", "--batch-size", "2", "--dtype", "float64"])
+    model, history = _lora_on_sums(qwen, out)
     assert nn.lora.read_adapter_config(out)["target_modules"][:4] == [
         f"model.layers.0.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")
     ]
@@ -215,12 +220,8 @@ def test_a_gguf_file_fine_tunes_with_lora_and_merges_into_a_directory(tmp_path):
         size=dict(make.SMALL, vocab=vocab),
         metadata={**tokenizer_keys, "tokenizer.chat_template": CHATML, "llama.context_length": 256},
     )
-    chats = tmp_path / "chats.jsonl"
-    pairs = [("2+2?", "4"), ("3+3?", "6"), ("1+1?", "2"), ("4+4?", "8")] * 3
-    chat_data.write_jsonl(chats, [chat_data.conversation(q, a) for q, a in pairs])
     out = tmp_path / "lora"
-    argv = ["--init-from", str(base), "--sft", str(chats), "--lora-rank", "2", "--out", str(out)]
-    model, history = _fit([*argv, "--steps", "2", "--batch-size", "2", "--dtype", "float64"])
+    model, history = _lora_on_sums(base, out)
     assert len(history["loss"]) == 2 and np.isfinite(history["loss"]).all()
     merge = ["merge", "--base", str(base), "--adapter", str(out), "--dtype", "float64"]
     assert models_lora.main([*merge, "--out", str(tmp_path / "merged")]) == 0
