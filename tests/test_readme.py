@@ -16,7 +16,7 @@ from models.tokenizer import BPETokenizer
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # Read in this order, one session: the README, then the pages its snippets moved to.
-PAGES = [README, ROOT / "docs" / "engine.md", ROOT / "docs" / "pretrained.md", ROOT / "CONTRIBUTING.md"]
+PAGES = [README, ROOT / "docs/engine.md", ROOT / "docs/pretrained.md", ROOT / "CONTRIBUTING.md"]
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
