@@ -1,109 +1,55 @@
-"""The compiled step's fused optimizer (moved from lowering.py; the protocol follows)."""
+"""How a compiled step asks the optimizer for its update over flat buffers (fusion=True/"exact").
+
+The engine sits below nn: it knows no optimizer class, parameter group or state entry, and moves
+no parameter itself. It asks each optimizer whose step() the trace recorded (an nn.optim
+Optimizer) for one thing:
+
+    optimizer.fused_update(trained) -> FusedUpdate | None
+
+`trained` holds the leaves (parameters) this step's backward sends a gradient to. None means
+"replay my step()" (the base class's answer; Adam's when a parameter gets no gradient this step,
+when dtypes or step counts differ, or for a subclass that changes the update). Otherwise the
+optimizer has moved its parameters, gradients and state into flat buffers of its own, by its own
+hand, and returns a FusedUpdate; `fused_update` below binds the parameters' new arrays and
+gradient buffers to the plan's slots, so that the backward writes each gradient where the update
+reads it. nn.optim.Adam and AdamW answer with nn.optim.FlatAdam (its arithmetic:
+autograd/kernels/adam.py, also what their eager step() runs).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-
-def fused_update(plan: Any, optimizer: Any, with_grad: set[int]) -> Callable[[], None] | None:
-    """AdamW / Adam as one loop per parameter group over flat buffers, or None (not fusable:
-    then the optimizer's own step() is replayed). Called before the program is built: the
-    parameters move into the flat buffer and their gradient buffers are views of the flat one,
-    so that the backward writes the gradients where the update reads them."""
-    # The optimizer says which update its step() applies (nn.optim.Adam.flat_update_rule): the
-    # engine sits below nn and knows no optimizer class.
-    describe = getattr(optimizer, "flat_update_rule", None)
-    rule = describe() if describe is not None else None
-    if rule is None or rule["rule"] != "adam":
-        return None
-    # frozen parameters (requires_grad=False) stay where they are: no flat slot, no moments
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    leaf_of = {id(v.tensor): v for v in plan.leaves}
-    if not params or any(
-        id(p) not in leaf_of or leaf_of[id(p)].id not in with_grad for p in params
-    ):
-        return None  # a parameter without a gradient this step: eager skips it; keep eager
-    dtypes = {p.dtype for p in params}
-    steps = {optimizer.state.get(p, {}).get("step", 0) for p in params}
-    if len(dtypes) != 1 or len(steps) != 1:
-        return None
-    dtype = dtypes.pop()
-    total = sum(p.size for p in params)
-    flat = {name: np.zeros(total, dtype) for name in ("param", "grad", "exp_avg", "exp_avg_sq")}
-    offset, ranges = 0, []
-    for group in optimizer.param_groups:
-        start = offset
-        for p in (p for p in group["params"] if p.requires_grad):
-            view = lambda name, o=offset, p=p: flat[name][o : o + p.size].reshape(p.shape)
-            np.copyto(view("param"), p.data)
-            p.data = view("param")  # the parameter now lives in the flat buffer
-            plan.vals[leaf_of[id(p)].id] = p.data
-            plan.grads[leaf_of[id(p)].id] = view("grad")
-            if p.grad is not None:  # the traced call's gradient, moved as well
-                np.copyto(view("grad"), p.grad)
-                p.grad = view("grad")
-            state = optimizer.state.setdefault(p, {})
-            for name in ("exp_avg", "exp_avg_sq"):
-                if name in state:
-                    np.copyto(view(name), state[name])
-                state[name] = view(name)
-            state.setdefault("step", 0)
-            offset += p.size
-        ranges.append((group, slice(start, offset)))
-    kernel = _adam_kernel()
-    decoupled = rule["decoupled"]
-    states, first = optimizer.state, params[0]  # the step count: read from the state each time
-    s = dtype.type
-
-    def update(part: int = 0, parts: int = 1) -> None:
-        """The update of part `part` of `parts` equal pieces of every group (a batch-sharded
-        step runs the pieces on its threads, autograd/compile/shard.py); count() counts the step."""
-        t = states[first]["step"] + 1
-        for group, where in ranges:
-            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            size = where.stop - where.start
-            piece = slice(
-                where.start + part * size // parts, where.start + (part + 1) * size // parts
-            )
-            kernel(
-                piece.stop - piece.start,
-                flat["param"][piece],
-                flat["grad"][piece],
-                flat["exp_avg"][piece],
-                flat["exp_avg_sq"][piece],
-                s(1.0 - lr * wd if decoupled else 1.0),
-                s(0.0 if decoupled else wd),
-                s(b1),
-                s(1.0 - b1),
-                s(b2),
-                s(1.0 - b2),
-                s(np.sqrt(1.0 - b2**t)),
-                s(eps),
-                s(lr / (1.0 - b1**t)),
-            )
-
-    def count() -> None:
-        t = states[first]["step"] + 1
-        for p in params:
-            states[p]["step"] = t
-
-    def run() -> None:
-        update()
-        count()
-
-    run.update, run.count = update, count
-    run.flat_grad = flat["grad"]  # a batch-sharded step adds the other shards' gradients here
-    run.note = (
-        f"{type(optimizer).__name__} fused: one Numba loop over a flat buffer of "
-        f"{len(params)} parameters ({total:,} values), {len(ranges)} group(s)"
-    )
-    return run
+from autograd.tensor import Tensor
 
 
-def _adam_kernel() -> Any:
-    from autograd.kernels import adam  # imports Numba: only when a step is planned
+class FusedUpdate(Protocol):
+    """An optimizer's step over flat buffers, as plan.py and shard.py run it."""
 
-    return adam.adam_update
+    note: str  # one line for the plan's description
+    flat_grad: np.ndarray  # every gradient, one array: a sharded step adds the other shards' here
+    grad_buffers: list[tuple[Tensor, np.ndarray]]  # (parameter, its gradient: a view of flat_grad)
+
+    def __call__(self) -> None:
+        """The whole step: update(), then count()."""
+
+    def update(self, part: int = 0, parts: int = 1) -> None:
+        """Update piece `part` of `parts` (a batch-sharded step runs the pieces on its threads)."""
+
+    def count(self) -> None:
+        """Count the step, once, after every piece is updated."""
+
+
+def fused_update(slots: Any, optimizer: Any, with_grad: set[int]) -> FusedUpdate | None:
+    """The optimizer's FusedUpdate for this step, or None; called before the program is built.
+    slots: a Plan (or shard.py's leaf slots), whose `vals` / `grads` of the parameters' leaves
+    are set to the parameters' new arrays and gradient buffers."""
+    step = optimizer.fused_update([v.tensor for v in slots.leaves if v.id in with_grad])
+    if step is not None:
+        leaf_of = {id(v.tensor): v for v in slots.leaves}
+        for p, grad in step.grad_buffers:
+            slots.vals[leaf_of[id(p)].id] = p.data
+            slots.grads[leaf_of[id(p)].id] = grad
+    return step
