@@ -12,7 +12,7 @@ exactly, so that a resumed run continues bit for bit.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -83,7 +83,7 @@ class Optimizer:
     def _update(self, p: Tensor, grad: np.ndarray, group: dict, state: dict) -> None:
         raise NotImplementedError
 
-    def fused_update(self, trained: Collection[Tensor]) -> Any:
+    def fused_update(self, trained: Iterable[Tensor]) -> Any:
         """A compiled step's question (autograd/compile/optimizer.py): this optimizer's update over
         flat buffers, or None, the default: then the compiled step replays step()."""
         return None
@@ -180,6 +180,8 @@ class Adam(Optimizer):
 
     t += 1;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
     p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+
+    The arithmetic, eager and compiled: autograd/kernels/adam.py.
     """
 
     decoupled = False  # AdamW: decay the weights directly instead of through the gradient
@@ -202,7 +204,7 @@ class Adam(Optimizer):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
 
-    def fused_update(self, trained: Collection[Tensor]) -> FlatAdam | None:
+    def fused_update(self, trained: Iterable[Tensor]) -> FlatAdam | None:
         """Adam(W)'s step as one kernel call per group over flat buffers, for a compiled step
         (the protocol: autograd/compile/optimizer.py), or None. Moves the parameters there."""
         if type(self).step is not Optimizer.step or type(self)._update is not Adam._update:

@@ -42,7 +42,13 @@ class FusedUpdate(Protocol):
         """Count the step, once, after every piece is updated."""
 
 
-def fused_update(slots: Any, optimizer: Any, with_grad: set[int]) -> FusedUpdate | None:
+class Fusable(Protocol):
+    """What the engine asks of an optimizer (nn.optim.Optimizer; its default answer is None)."""
+
+    def fused_update(self, trained: list[Tensor]) -> FusedUpdate | None: ...
+
+
+def fused_update(slots: Any, optimizer: Fusable, with_grad: set[int]) -> FusedUpdate | None:
     """The optimizer's FusedUpdate for this step, or None; called before the program is built.
     slots: a Plan (or shard.py's leaf slots), whose `vals` / `grads` of the parameters' leaves
     are set to the parameters' new arrays and gradient buffers."""
