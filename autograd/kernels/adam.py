@@ -83,6 +83,7 @@ def adam_update_numpy(p, g, m, v, c):
 
 
 def _adam_update(p, g, m, v, decay, l2, b1, one_b1, b2, one_b2, root_c2, eps, step_size):
+    # the module docstring's four lines, one element at a time
     for i in prange(p.size):
         gi = g[i] + l2 * p[i] if l2 != 0 else g[i]
         pi = p[i] * decay
