@@ -64,7 +64,8 @@ def stub(exercise: Exercise, lang: str) -> str:
     else:
         header = f"Exercise {exercise.number}: {exercise.title[lang]} (notes {exercise.sections})"
     body = _wrap(exercise.statement[lang])
-    code = exercise.stub().split('"""', 2)[2]  # what follows its docstring
+    stub_py = (exercise.folder / "stub.py").read_text(encoding="utf-8")
+    code = stub_py.split('"""', 2)[2]  # what follows its docstring
     return f'"""{header}\n\n{body}\n"""{code}'
 
 

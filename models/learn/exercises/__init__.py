@@ -53,9 +53,6 @@ class Exercise:
         """One of the folder's modules: solution, cases or diagnoses."""
         return importlib.import_module(f"{__name__}.{self.module}.{name}")
 
-    def stub(self) -> str:
-        return (self.folder / "stub.py").read_text(encoding="utf-8")
-
 
 def _text(path: Path) -> tuple[str, str, tuple[str, ...]]:
     """en.md or zh.md: `# title`, the statement, then a `## ` heading before each hint."""
