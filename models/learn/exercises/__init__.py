@@ -10,9 +10,10 @@ An exercise's folder holds all of it:
     cases.py        the probes (the learner's functions called directly on fixed inputs), the
                     engine cases check_op runs with them plugged in, any check of its own
     diagnoses.py    the classic mistakes it recognises, each written as the wrong function
+    plug.py         how each function takes the place of glassgrad's own in the engine
     __init__.py     the notes' sections and glassgrad's own code that does the same job
-How a function is plugged into the engine is models/learn/plug.py; the grading common to every
-exercise is models/learn/grader.py.
+What every exercise shares: grading (models/learn/grader.py, models/learn/checks.py), plugging
+(models/learn/plug.py), the workspace and the CLI.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Exercise:
         return self.module + ".py"
 
     def part(self, name: str) -> ModuleType:
-        """One of the folder's modules: solution, cases or diagnoses."""
+        """One of the folder's modules: solution, cases, diagnoses or plug."""
         return importlib.import_module(f"{__name__}.{self.module}.{name}")
 
 
