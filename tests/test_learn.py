@@ -20,7 +20,6 @@ from models.learn.text import default_lang
 from models.learn.workspace import start
 from models.train import TRAINER
 
-SOLUTIONS = Path(__file__).resolve().parent.parent / "models" / "learn" / "solutions"
 # The capstone's GPT shrunk for CI (the demo's own config runs 3 steps in its own test): the same
 # corpus, batches, optimizer and schedule. 20 steps: exercise 6's missing 1/n first shows at 13.
 SMALL = {"settings": demo_settings(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4)}
@@ -231,7 +230,7 @@ WRONG = [
 
 def write_solution(directory: Path, number: int, old: str | None = None, new: str = "") -> None:
     exercise = BY_NUMBER[number]
-    text = (SOLUTIONS / exercise.file).read_text(encoding="utf-8")
+    text = (exercise.folder / "solution.py").read_text(encoding="utf-8")
     if old is not None:
         assert old in text, f"{exercise.file}: {old!r} not in the reference"
         text = text.replace(old, new)

@@ -119,7 +119,7 @@ def worked_example_losses() -> tuple[float, float]:
 
 def _by_exercise(functions: dict[str, Callable]) -> dict[int, dict[str, Callable]]:
     return {
-        e.number: {f.name: functions[f.name] for f in e.functions if f.name in functions}
+        e.number: {name: functions[name] for name in e.functions if name in functions}
         for e in EXERCISES
     }
 
