@@ -219,10 +219,10 @@ def _injected_failure() -> tuple[int, int] | None:
 class Replicas:
     """The processes a run trains on: one (this class), or the MPI ranks of DataParallel.
 
-    The training loop (models/training/loop.py) asks it which rows of each global batch this process takes
-    (rank, world size), lets it make the gradients, the loss and a stop request agree across
-    processes after backward (reduce), and leaves logging, evaluation and checkpoints to the main
-    process.
+    The training loop (models/training/loop.py) asks it which rows of each global batch this
+    process takes (rank, world size), lets it make the gradients, the loss and a stop request
+    agree across processes after backward (reduce), and leaves logging, evaluation and
+    checkpoints to the main process.
     """
 
     rank = 0

@@ -10,8 +10,8 @@ characters of the validation text predicted exactly, beside the unigram baseline
 guessing the training text's most frequent character.
 
 The training is the one loop of models/training/ (MaskedCharacters plugs in the masked batches,
-the evaluation and the model's files; MaskedConfig its settings): checkpoints and loss.png in --out (runs/encoder), --resume,
-Ctrl-C, the compiled step, --ddp.
+the evaluation and the model's files; MaskedConfig holds its settings): checkpoints and loss.png
+in --out (runs/encoder), --resume, Ctrl-C, the compiled step, --ddp.
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ two numbers. Held-out sequences are fixed by a hash of the source text (`is_held
 training never draws one, whatever the seed, and the final accuracy is on sources it never saw.
 
 The training is the one loop of models/training/ (DigitTasks plugs in the batches, the
-evaluation and the model's files; DigitsConfig its settings): checkpoints and loss.png in --out (runs/seq2seq-TASK),
---resume, Ctrl-C, --ddp, the compiled step: a batch carries its source's padding mask as an array
-of its own (source_keys), a step argument, so each replay masks its own batch's padding.
+evaluation and the model's files; DigitsConfig holds its settings): checkpoints and loss.png in
+--out (runs/seq2seq-TASK), --resume, Ctrl-C, --ddp, the compiled step: a batch carries its
+source's padding mask as an array of its own (source_keys), a step argument, so each replay masks
+its own batch's padding.
 """
 
 from __future__ import annotations
@@ -391,7 +392,9 @@ class DigitsConfig(TrainConfig):
     """The encoder-decoder's settings. Steps, batch size, width, learning rate, lengths and --out
     default to the --task's (TASKS, DigitTasks.defaults)."""
 
-    task: str = setting("the digit task", "reverse", choices=tuple(sorted(TASKS)), resume_keeps=True)
+    task: str = setting(
+        "the digit task", "reverse", choices=tuple(sorted(TASKS)), resume_keeps=True
+    )
     min_len: int = setting("fewest digits of a string/operand", resume_keeps=True)
     max_len: int = setting("most digits of a string/operand", resume_keeps=True)
     post_ln: bool = setting("the 2017 paper's Post-LN blocks", False, resume_keeps=True)

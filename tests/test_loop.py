@@ -1,6 +1,6 @@
-"""The one training loop (models/training/loop.py) trains every model kind: the GPT, the encoder and the
-encoder-decoder each train a few steps through it, compiled or eager, and a run cut short and
-resumed continues bit for bit as the uninterrupted one."""
+"""The one training loop (models/training/loop.py) trains every model kind: the GPT, the encoder
+and the encoder-decoder each train a few steps through it, compiled or eager, and a run cut short
+and resumed continues bit for bit as the uninterrupted one."""
 
 import json
 

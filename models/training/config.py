@@ -57,9 +57,7 @@ class TrainConfig:
     """The settings every task has. The fields without a default get theirs from the task's
     subclass (or, for seq2seq, from its --task)."""
 
-    out: str | None = setting(
-        "checkpoint directory, also the one --resume continues"
-    )
+    out: str | None = setting("checkpoint directory, also the one --resume continues")
     steps: int = setting("total optimizer steps", positive=True)
     batch_size: int = setting("sequences per step", resume_keeps=True, positive=True)
     n_layer: int = setting("Transformer blocks", resume_keeps=True)
@@ -121,9 +119,7 @@ def _flag_type(hint: Any) -> type:
 
 def field_defaults(config_class: type) -> dict[str, Any]:
     """Each field's default, of those that have one."""
-    return {
-        f.name: f.default for f in dataclasses.fields(config_class) if f.default is not MISSING
-    }
+    return {f.name: f.default for f in dataclasses.fields(config_class) if f.default is not MISSING}
 
 
 def resume_keeps(config_class: type) -> list[str]:

@@ -150,21 +150,28 @@ class Trainer:
         else:
             data = task.prepare(c, init)
             model = adapt(task.pretrained(init, c) if init else task.build(c, data), c, task.name)
-            optimizer = nn.optim.AdamW(param_groups(model, c.weight_decay), lr=c.lr, betas=task.betas)
+            optimizer = nn.optim.AdamW(
+                param_groups(model, c.weight_decay), lr=c.lr, betas=task.betas
+            )
             start, history = 0, {k: [] for k in ("step", "loss", "lr", "eval_step")}
         note = replicas.start(model, optimizer, dataclasses.asdict(c), start)
         baselines = history["baselines"] = task.baselines(data)
         history["baseline"] = baselines["val"]
-        _log(quiet, f"{model.describe()}: {_parameters(model)}, {c.dtype}{note}; {task.describe_data(data)}")
+        opening = f"{model.describe()}: {_parameters(model)}, {c.dtype}{note}"
+        _log(quiet, f"{opening}; {task.describe_data(data)}")
         model.train()
 
         def loss_fn(*batch: np.ndarray) -> autograd.Tensor:
             return task.loss(model, *batch)
 
         if compile and replicas.world_size == 1 and after_backward is None:
-            step_once = CompiledTrainStep(model, loss_fn, optimizer, c.grad_clip, task.fusion, c.grad_accum)
+            step_once = CompiledTrainStep(
+                model, loss_fn, optimizer, c.grad_clip, task.fusion, c.grad_accum
+            )
         else:
-            step_once = EagerTrainStep(loss_fn, optimizer, c.grad_clip, c.grad_accum, after_backward, replicas)
+            step_once = EagerTrainStep(
+                loss_fn, optimizer, c.grad_clip, c.grad_accum, after_backward, replicas
+            )
 
         def checkpoint() -> None:
             if out is not None:

@@ -13,7 +13,9 @@ def metric(history: dict[str, Any]) -> str | None:
     return next((n for n in names if n not in ("train", "val")), None)
 
 
-def plot_losses(path: Path, history: dict[str, Any], baselines: dict[str, float], title: str) -> None:
+def plot_losses(
+    path: Path, history: dict[str, Any], baselines: dict[str, float], title: str
+) -> None:
     """Per-step training loss, the periodic evaluations and the baselines; a second panel for the
     task's metric when it has one. Written atomically (a temporary file, then renamed)."""
     import matplotlib

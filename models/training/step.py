@@ -136,7 +136,7 @@ class EagerTrainStep:
         arrays = step_arguments(batch, self.grad_accum, self.params[0].dtype)
         args = (self.loss_fn, self.optimizer, self.params, self.grad_clip, self.grad_accum)
         _, norm = train_step(*args, *arrays, after_backward=after_backward)
-        (loss, stop_now), = reduced
+        ((loss, stop_now),) = reduced
         if not math.isfinite(norm):
             raise _diverged(norm, loss)
         return loss, norm, stop_now
