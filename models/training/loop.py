@@ -39,6 +39,7 @@ from models import ddp
 from models.ddp import SINGLE_PROCESS, Replicas
 from models.training import checkpoints, config
 from models.training.adapt import adapt
+from models.training.config import TrainConfig
 from models.training.plot import plot_losses
 from models.training.step import (
     Batch,
@@ -56,9 +57,9 @@ class Trainer:
     config (fit). choose(config): the task that trains it, when a flag picks among tasks of one
     config (models.train's --sft: chat fine-tuning); by default `task` itself."""
 
-    def __init__(self, task: Task, choose: Callable[[Any], Task] | None = None) -> None:
+    def __init__(self, task: Task, choose: Callable[[TrainConfig], Task] | None = None) -> None:
         self.task = task
-        self.choose = choose or (lambda config: task)
+        self.choose = choose or (lambda c: task)
 
     # --- the command line ---------------------------------------------------------------------
 
@@ -113,13 +114,13 @@ class Trainer:
 
     # --- the run ------------------------------------------------------------------------------
 
-    def train(self, c: Any, **options: Any) -> dict[str, Any]:
+    def train(self, c: TrainConfig, **options: Any) -> dict[str, Any]:
         """fit() without the model: the run's history."""
         return self.fit(c, **options)[1]
 
     def fit(
         self,
-        c: Any,
+        c: TrainConfig,
         resume: bool = False,
         quiet: bool = False,
         after_backward: GradHook | None = None,
@@ -230,7 +231,13 @@ class Trainer:
 
 
 def _evaluate(
-    task: Task, model: nn.Module, data: Any, c: Any, step: int, history: dict[str, Any], quiet: bool
+    task: Task,
+    model: nn.Module,
+    data: Any,
+    c: TrainConfig,
+    step: int,
+    history: dict[str, Any],
+    quiet: bool,
 ) -> None:
     """The task's metrics, in eval mode without a graph, appended to the history and logged."""
     was_training = model.training
@@ -250,7 +257,7 @@ def _evaluate(
     _log(quiet, f"step {step}: {', '.join(shown)}")
 
 
-def _eager_step_ms(task: Task, model: nn.Module, c: Any, batch: Batch) -> float:
+def _eager_step_ms(task: Task, model: nn.Module, c: TrainConfig, batch: Batch) -> float:
     """ms of an eager step on a throwaway copy of the model (the speed-up reference)."""
     twin = copy.deepcopy(model)
     optimizer = nn.optim.AdamW(param_groups(twin, c.weight_decay), betas=task.betas)

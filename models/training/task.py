@@ -47,16 +47,16 @@ class Task:
         """The Config's defaults for what was given (seq2seq's depend on --task)."""
         return field_defaults(self.Config)
 
-    def check(self, config: Any, given: dict[str, Any]) -> None:
+    def check(self, config: TrainConfig, given: dict[str, Any]) -> None:
         """Refuse (SystemExit naming the flag) or complete the task's settings in place."""
 
     # --- the model --------------------------------------------------------------------------------
 
-    def config_fields(self, config: Any, data: Any) -> dict[str, Any]:
+    def config_fields(self, config: TrainConfig, data: Any) -> dict[str, Any]:
         """The model config's fields besides n_layer, n_head, n_embd and dropout."""
         raise NotImplementedError
 
-    def build(self, config: Any, data: Any) -> nn.Module:
+    def build(self, config: TrainConfig, data: Any) -> nn.Module:
         """A new model, initialised from config.seed, in config.dtype."""
         sizes = {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "dropout")}
         model_config = self.model_config_class(**sizes, **self.config_fields(config, data))
@@ -68,7 +68,7 @@ class Task:
         nn.save_safetensors(out / "model.safetensors", model.state_dict(), metadata=stamp)
         nn.save_json_atomic(out / "config.json", dataclasses.asdict(model.config))
 
-    def load_model(self, out: Path, config: Any) -> nn.Module:
+    def load_model(self, out: Path, config: TrainConfig) -> nn.Module:
         """The model save_model wrote."""
         fields = json.loads((out / "config.json").read_text(encoding="utf-8"))
         model = self.model_class(self.model_config_class(**fields)).to(config.dtype)
@@ -80,17 +80,17 @@ class Task:
         fields = json.loads((directory / "config.json").read_text(encoding="utf-8"))
         return {k: fields[k] for k in self.SHAPE if k in fields}
 
-    def pretrained(self, directory: Path, config: Any) -> nn.Module:
+    def pretrained(self, directory: Path, config: TrainConfig) -> nn.Module:
         """The model saved in `directory` (--init-from), in config.dtype."""
         return self.load_model(directory, config)
 
     # --- data, loss and metrics -------------------------------------------------------------------
 
-    def prepare(self, config: Any, saved: Path | None) -> Any:
+    def prepare(self, config: TrainConfig, saved: Path | None) -> Any:
         """The data (anything the other hooks need); saved: the run's directory on --resume."""
         raise NotImplementedError
 
-    def batch(self, config: Any, data: Any, step: int, rank: int, world_size: int) -> Batch:
+    def batch(self, config: TrainConfig, data: Any, step: int, rank: int, world_size: int) -> Batch:
         """The arrays of training batch `step`, a function of (seed, step) alone: rank r of
         world_size takes rows r, r + world_size, ... of the global batch.
 
@@ -111,7 +111,7 @@ class Task:
         task's metric."""
         raise NotImplementedError
 
-    def evaluate(self, model: nn.Module, data: Any, config: Any) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, data: Any, config: TrainConfig) -> dict[str, float]:
         """Metrics on fixed held-out data, the model in eval mode without a graph (the loop sets
         both). "train" and "val" are losses; the first other one is the task's metric."""
         raise NotImplementedError
@@ -120,10 +120,10 @@ class Task:
         """The data part of the opening line."""
         raise NotImplementedError
 
-    def report(self, history: dict[str, Any], data: Any, config: Any) -> list[str]:
+    def report(self, history: dict[str, Any], data: Any, config: TrainConfig) -> list[str]:
         """Result lines printed last, after the summary line (which has the val loss)."""
         return []
 
-    def sample(self, model: nn.Module, data: Any, config: Any) -> str | None:
+    def sample(self, model: nn.Module, data: Any, config: TrainConfig) -> str | None:
         """What the trained model produces, printed after the summary line (None: nothing)."""
         return None
