@@ -1,9 +1,10 @@
 """A run's settings: one typed dataclass per task, its command line built from its fields.
 
 Every setting is a field of TrainConfig (the settings every task has) or of a task's subclass
-(models/training/tasks/): its type, its default and its help are there, written once. A subclass
-changes a default by declaring the field again with the new default; its help and whether a
-resumed run keeps it are looked up in the class that declared it first.
+(LanguageConfig in models/training/tasks/language.py, MaskedConfig in models/encoder.py,
+DigitsConfig in models/seq2seq.py): its type, its default and its help are there, written once.
+A subclass changes a default by declaring the field again with the new default; its help and
+whether a resumed run keeps it are looked up in the class that declared it first.
 
     lr: float = setting("peak learning rate", resume_keeps=True)   # TrainConfig
     lr: float = 3e-3                                              # LanguageConfig's default
@@ -24,9 +25,6 @@ from typing import Any
 
 import nn
 from models.training.checkpoints import read_train_state
-
-# Flags that steer this invocation only; they are never saved with the run.
-CONTROL = ("resume", "quiet", "ddp", "compile")
 
 
 def setting(
@@ -132,7 +130,8 @@ def resume_keeps(config_class: type) -> list[str]:
 
 
 def build_parser(config_class: type, prog: str, description: str) -> argparse.ArgumentParser:
-    """A flag per field (help with its default) and the CONTROL flags; every default None."""
+    """A flag per field (help with its default), every default None, and the flags that steer
+    this invocation only, never saved with the run: --resume, --quiet, --ddp, --compile."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     hints = typing.get_type_hints(config_class)
     for f in dataclasses.fields(config_class):
