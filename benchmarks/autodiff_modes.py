@@ -55,8 +55,8 @@ SMOLLM2_TRAIN = "V49152/T256/L30/H9/C576/B2"
 def _model(config_text: str, checkpointing: bool = False) -> tuple[Any, Any, np.ndarray, Any]:
     from benchmarks.configs import parse_config
     from benchmarks.llm import SMOLLM2_135M
-    from models.gpt import GPT
-    from models.llama import Llama, llama_config
+    from models.architectures.gpt import GPT
+    from models.architectures.llama import Llama, llama_config
 
     if config_text == "smollm2-135m":
         bench = parse_config(SMOLLM2_TRAIN)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from models.gpt import GPTConfig
+from models.architectures.gpt import GPTConfig
 
 
 @dataclass(frozen=True)

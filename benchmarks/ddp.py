@@ -5,8 +5,8 @@
 
 Each measurement is one `mpiexec -n N python -m benchmarks.ddp --worker ...` job: every rank runs
 full data-parallel training steps (models.training.step.EagerTrainStep with
-models.ddp.DataParallel: forward, backward, one Allreduce, clipping, AdamW) on its share of the
-same global batch, with 1 BLAS and 1 Numba thread, so N ranks use N cores. After untimed warm-up
+models.training.ddp.DataParallel: forward, backward, one Allreduce, clipping, AdamW) on its share of
+the same global batch, with 1 BLAS and 1 Numba thread, so N ranks use N cores. After untimed warm-up
 steps (Numba cache loading, first-touch allocations) the ranks meet at a barrier and rank 0 times
 the next steps to the closing barrier.
 Jobs alternate between the rank counts (1, 2, 1, 2, ...) so that load from other processes on a
@@ -50,8 +50,8 @@ JOB_TIMEOUT_S = 600
 def _worker(config: BenchConfig, steps: int, warmup: int) -> None:
     """One rank of a measurement job; rank 0 prints the result as one JSON line."""
     import nn
-    from models import ddp
-    from models.gpt import GPT
+    from models.architectures.gpt import GPT
+    from models.training import ddp
     from models.training.step import EagerTrainStep
 
     comm = ddp._mpi().COMM_WORLD
@@ -104,7 +104,7 @@ def _worker(config: BenchConfig, steps: int, warmup: int) -> None:
 
 def run_job(config: BenchConfig, ranks: int, steps: int, warmup: int) -> dict[str, Any]:
     """One `mpiexec -n ranks` measurement job; its rank 0 result."""
-    from models.ddp import mpiexec_command
+    from models.training.ddp import mpiexec_command
 
     command = [
         *mpiexec_command(ranks),
@@ -190,7 +190,7 @@ def ddp_suite(ctx: Any, config: BenchConfig) -> list[dict[str, Any]]:
     Variants are "1 rank" and "2 ranks" (median_ms per step, tokens_per_s); ratios has the
     scaling efficiency of 2 ranks. Without MPI (the optional extra) it logs why and returns [].
     """
-    from models.ddp import find_mpiexec
+    from models.training.ddp import find_mpiexec
 
     if importlib.util.find_spec("mpi4py") is None or find_mpiexec() is None:
         ctx.log('  ddp: skipped, MPI is not installed (pip install "glassgrad[mpi]")')

@@ -41,7 +41,7 @@ def write_model(directory: Path) -> None:
     import numpy as np
 
     from benchmarks.llm import SMOLLM2_135M  # here: the torch worker's script side has no glassgrad
-    from models.llama import Llama, llama_config
+    from models.architectures.llama import Llama, llama_config
 
     Llama(llama_config(**SMOLLM2_135M), rng=np.random.default_rng(0)).save_pretrained(directory)
 

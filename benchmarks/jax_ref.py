@@ -1,4 +1,5 @@
-"""The JAX baseline: the GPT-2 of models.gpt.GPT (and benchmarks/torch_ref.py), one jitted step.
+"""The JAX baseline: the GPT-2 of models.architectures.gpt.GPT (and benchmarks/torch_ref.py), one
+jitted step.
 
 Parameters are copied from a glassgrad GPT's state_dict (HF names, (in, out) weights); the step
 (forward, mean cross-entropy, backward by jax.value_and_grad, AdamW with torch's formula) is one

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 PROMPT_IDS = 256  # random prompt ids are drawn below 256, inside --tiny's vocabulary too
-SMOLLM2_135M = dict(  # models.llama.llama_config's sizes of SmolLM2-135M
+SMOLLM2_135M = dict(  # models.architectures.llama.llama_config's sizes of SmolLM2-135M
     vocab_size=49152,
     block_size=8192,
     n_layer=30,
@@ -64,7 +64,7 @@ def write_model(directory: Path, sizes: dict) -> None:
     """A random model of these sizes as a Hugging Face directory (float32)."""
     import numpy as np
 
-    from models.llama import Llama, llama_config
+    from models.architectures.llama import Llama, llama_config
 
     Llama(llama_config(**sizes), rng=np.random.default_rng(0)).save_pretrained(directory)
 
@@ -75,7 +75,7 @@ def prompt_ids(model: Path, length: int, random_weights: bool) -> list[int]:
 
     import numpy as np
 
-    from models.tokenizer import BPETokenizer
+    from models.formats.tokenizer import BPETokenizer
 
     if random_weights:
         return np.random.default_rng(1).integers(0, PROMPT_IDS, length).tolist()

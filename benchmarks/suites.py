@@ -33,7 +33,7 @@ from autograd import Tensor, kernels, no_grad
 from autograd import functional as F
 from benchmarks import timing, tokenizer
 from benchmarks.configs import STANDARD, BenchConfig, train_flops
-from models.gpt import GPT
+from models.architectures.gpt import GPT
 
 DTYPE = np.float32
 

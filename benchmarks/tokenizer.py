@@ -1,8 +1,9 @@
 """The tokenizer suite (`python -m benchmarks --suite tokenizer`): byte-level BPE, pure Python.
 
-On the demo corpus (models.data's default text, ~0.93 MB): learning 1,000 merges, and encoding the
-whole corpus with a cold cache (a fresh tokenizer per call, so every distinct piece is merged) and
-with a warm one (each piece is a dictionary lookup). Quick mode: the first 100 kB, 100 merges.
+On the demo corpus (models.training.data's default text, ~0.93 MB): learning 1,000 merges, and
+encoding the whole corpus with a cold cache (a fresh tokenizer per call, so every distinct piece is
+merged) and with a warm one (each piece is a dictionary lookup). Quick mode: the first 100 kB, 100
+merges.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks import timing
-from models.data import load_default_corpus
-from models.tokenizer import BPETokenizer
+from models.formats.tokenizer import BPETokenizer
+from models.training.data import load_default_corpus
 
 TRAIN_LIMIT_S = 60.0  # the issue's targets, for the full corpus and 1,000 merges
 ENCODE_LIMIT_S = 5.0

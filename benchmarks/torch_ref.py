@@ -1,4 +1,4 @@
-"""The PyTorch CPU baseline: a minimal GPT-2 equal to models.gpt.GPT, op for op.
+"""The PyTorch CPU baseline: a minimal GPT-2 equal to models.architectures.gpt.GPT, op for op.
 
 Same parameters (copied from the glassgrad model, so both start from identical weights), same
 layout (row vectors x @ W + b, W (in, out)), Pre-LN blocks, fused c_attn split into q/k/v,
@@ -82,7 +82,7 @@ class TorchGPT(torch.nn.Module):
 
 
 def from_glassgrad(model) -> TorchGPT:
-    """A TorchGPT with the parameters of a glassgrad models.gpt.GPT (copied)."""
+    """A TorchGPT with the parameters of a glassgrad models.architectures.gpt.GPT (copied)."""
     return TorchGPT(model.state_dict(), model.config.n_layer, model.config.n_head)
 
 

@@ -117,7 +117,7 @@ def _import_framework(framework: str) -> None:
     if framework.startswith("glassgrad"):
         import autograd.functional  # noqa: F401
         import autograd.kernels
-        import models.gpt  # noqa: F401
+        import models.architectures.gpt  # noqa: F401
 
         # Numba's compiler starts here, with the imports (as torch's libraries load with its
         # import), not inside the first step's trace + plan figure

@@ -1,6 +1,6 @@
-"""glassgrad's models: one decoder (models.decoder) in two families, GPT-2 (models.gpt) and Llama
-(models.llama: Llama, Qwen2, Mistral, SmolLM2), the encoder and the encoder-decoder, tokenizers,
-data and the train/sample/chat CLIs.
+"""glassgrad's models: one decoder (models.architectures.decoder) in two families, GPT-2
+(models.architectures.gpt) and Llama (models.architectures.llama: Llama, Qwen2, Mistral, SmolLM2),
+the encoder and the encoder-decoder, tokenizers, data and the train/sample/chat CLIs.
 
 >>> from models import GPT, GPTConfig
 >>> model = GPT(GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=2, n_embd=32))
@@ -11,14 +11,14 @@ data and the train/sample/chat CLIs.
 from pathlib import Path
 from typing import Any
 
-from autograd import check_packages  # nn, imported by models.gpt, checks autograd
-from models.decoder import Decoder, DecoderConfig
-from models.errors import FileFormatError
-from models.gpt import GPT, GPTConfig
-from models.hf import Fields, read_config
-from models.hub import resolve
-from models.llama import Llama
-from models.tokenizer import BPETokenizer, CharTokenizer
+from autograd import check_packages  # nn, imported by models.architectures.gpt, checks autograd
+from models.architectures.decoder import Decoder, DecoderConfig
+from models.architectures.gpt import GPT, GPTConfig
+from models.architectures.llama import Llama
+from models.formats.errors import FileFormatError
+from models.formats.hf import Fields, read_config
+from models.formats.hub import resolve
+from models.formats.tokenizer import BPETokenizer, CharTokenizer
 
 FAMILIES = {"gpt2": GPT, "llama": Llama, "qwen2": Llama, "mistral": Llama}
 
@@ -31,9 +31,9 @@ def from_pretrained(
 ) -> Decoder:
     """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
     model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama; or of a llama.cpp GGUF file (a
-    path ending in .gguf: models.gguf, which needs the gguf package). Weights in dtype (default
-    float32). A hub name ("org/name", at `revision`) that is not a local path is fetched
-    (models.hub).
+    path ending in .gguf: models.formats.gguf, which needs the gguf package). Weights in dtype
+    (default float32). A hub name ("org/name", at `revision`) that is not a local path is fetched
+    (models.formats.hub).
 
     A malformed file is a FileFormatError naming it and the field; a model too large for the
     memory available (or max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before allocating."""
@@ -51,7 +51,7 @@ def pretrained_config(path: str | Path, revision: str | None = None) -> DecoderC
     name), without reading its weights."""
     path = resolve(path, revision)
     if path.suffix.lower() == ".gguf":
-        from models import gguf
+        from models.formats import gguf
 
         return Llama.config_from_hf(gguf.read_config(path), str(path))
     directory, config = read_config(path)

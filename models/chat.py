@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from models import hub
-from models.decoder import Decoder
+from models.architectures.decoder import Decoder
+from models.formats import hub
 from models.sample import load
 
 

@@ -2,9 +2,9 @@
 
     python -m models.encoder
 
-The demo corpus (models.data: the Python stdlib's source) is cut into windows; in each, 15 % of
-the characters are replaced by a MASK token and the model predicts them from the rest, read both
-ways (nn.EncoderBlock: no causal mask, so the characters after a gap count as much as those
+The demo corpus (models.training.data: the Python stdlib's source) is cut into windows; in each, 15
+% of the characters are replaced by a MASK token and the model predicts them from the rest, read
+both ways (nn.EncoderBlock: no causal mask, so the characters after a gap count as much as those
 before it). A decoder-only GPT could only use the left side. The score is the fraction of masked
 characters of the validation text predicted exactly, beside the unigram baseline: always
 guessing the training text's most frequent character.
@@ -26,10 +26,10 @@ import numpy as np
 import autograd.functional as F
 import nn
 from autograd import Tensor, no_grad
-from models.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
-from models.gpt import IGNORE_INDEX
-from models.tokenizer import load_tokenizer, save_tokenizer
+from models.architectures.gpt import IGNORE_INDEX
+from models.formats.tokenizer import load_tokenizer, save_tokenizer
 from models.training.config import TrainConfig, setting
+from models.training.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
 from models.training.loop import Trainer
 from models.training.step import Batch
 from models.training.task import Task

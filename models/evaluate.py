@@ -9,8 +9,8 @@ gives the total information the model needs to encode that text, in nats, and
 
     bits per byte = total nats / (ln 2 * UTF-8 bytes of the validation text)
 
-(ln 2 turns nats into bits). Both tokenizers see the same validation text (models.data splits
-the text before tokenizing), so the two figures are the same quantity.
+(ln 2 turns nats into bits). Both tokenizers see the same validation text (models.training.data
+splits the text before tokenizing), so the two figures are the same quantity.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from autograd import no_grad
-from models.data import prepare_corpus
-from models.gpt import GPT
-from models.tokenizer import load_tokenizer
+from models.architectures.gpt import GPT
+from models.formats.tokenizer import load_tokenizer
 from models.training.checkpoints import read_train_state
+from models.training.data import prepare_corpus
 
 
 def total_nats(model: GPT, ids: np.ndarray, batch_size: int = 32) -> float:

@@ -6,7 +6,8 @@
 1. Pretrain (python -m models.train --arch llama): a small Llama-configured model (RMSNorm,
    rotary positions, SwiGLU) on the demo corpus (27 standard-library modules) with byte-level
    BPE, so that it has read their `def` lines.
-2. A conversation set from the same files (models/chat_data.py): "What are the parameters of
+2. A conversation set from the same files (models/training/chat_data.py): "What are the parameters
+of
    bisect.insort_right?" -> "insort_right(a, x, lo=0, hi=None, *, key=None)", split by function;
    the held-out functions are never trained on.
 3. Fine-tune twice from the pretrained checkpoint with --sft (the loss on the assistant's tokens
@@ -36,13 +37,13 @@ from threadpoolctl import threadpool_limits
 import autograd
 import models
 import nn
-from models import chat_data
 from models import train as train_cli
-from models.decoder import Decoder
-from models.gpt import IGNORE_INDEX
-from models.hub import packaged_smollm2
-from models.sft import chat_format, greedy_answer, sft_examples
-from models.tokenizer import load_tokenizer
+from models.architectures.decoder import Decoder
+from models.architectures.gpt import IGNORE_INDEX
+from models.formats.hub import packaged_smollm2
+from models.formats.tokenizer import load_tokenizer
+from models.training import chat_data
+from models.training.sft import chat_format, greedy_answer, sft_examples
 
 # 2 to 2.5 minutes on 2 shared cores, most of it pretraining (the README's figures). The budget
 # goes to pretraining, since what the model read there is what a fine-tune can recall: measured

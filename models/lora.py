@@ -19,7 +19,7 @@ from pathlib import Path
 
 import models
 import nn
-from models.tokenizer import BPETokenizer
+from models.formats.tokenizer import BPETokenizer
 
 # files of a model directory that are not copied: the weights (written merged) and, in a training
 # run's directory, its state (the rest, e.g. the tokenizer, is copied as it is)

@@ -3,7 +3,7 @@
 Loads a checkpoint directory written by models.train (config.json + model.safetensors +
 tokenizer.json, or vocab.json + merges.txt for BPE), a Hugging Face download of any family
 models.from_pretrained reads (GPT-2, Llama, Qwen2, Mistral, SmolLM2, ...), a llama.cpp .gguf file
-(model and tokenizer in one) or a hub name (`org/name`, models.hub), and prints the prompt
+(model and tokenizer in one) or a hub name (`org/name`, models.formats.hub), and prints the prompt
 followed by the generated text (notes 12: one token at a time from the last position's
 distribution, with the KV cache unless --no-cache), stopping at the model's end-of-text ids.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 import models
-from models import hub
-from models.decoder import Decoder
-from models.tokenizer import Tokenizer, load_tokenizer
+from models.architectures.decoder import Decoder
+from models.formats import hub
+from models.formats.tokenizer import Tokenizer, load_tokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load(model: str | Path, revision: str | None = None) -> tuple[Decoder, Tokenizer]:
     """The model and tokenizer of a checkpoint or model directory, a .gguf file (which holds
-    both) or a hub name (`org/name` at revision, fetched once into the cache: models.hub)."""
+    both) or a hub name (`org/name` at revision, fetched once into the cache:
+    models.formats.hub)."""
     path = hub.resolve(model, revision)  # once, for both
     if path.suffix == ".gguf":  # the model first: its read of the file's metadata is kept
         net = models.from_pretrained(path)

@@ -36,9 +36,9 @@ import numpy as np
 import autograd.functional as F
 import nn
 from autograd import Tensor, no_grad
-from models.data import unigram_baseline
-from models.gpt import IGNORE_INDEX
+from models.architectures.gpt import IGNORE_INDEX
 from models.training.config import TrainConfig, setting
+from models.training.data import unigram_baseline
 from models.training.loop import Trainer
 from models.training.step import Batch
 from models.training.task import Task as TrainingTask  # Task here: a digit task

@@ -6,7 +6,8 @@ style byte-level BPE tokens learned from the training split instead; `--init-fro
 fine-tunes a trained model on conversations. The tasks are models/training/tasks/ (language.py,
 chat.py), their settings LanguageConfig; the loop itself (steps, evaluation, checkpoints,
 --resume, Ctrl-C, the compiled step, --ddp) is models/training/, shared with the encoder and the
-encoder-decoder (`mpiexec -n N python -m models.train --ddp` runs it on MPI ranks, models/ddp.py).
+encoder-decoder (`mpiexec -n N python -m models.train --ddp` runs it on MPI ranks,
+models/training/ddp.py).
 """
 
 from __future__ import annotations

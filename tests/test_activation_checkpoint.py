@@ -11,8 +11,8 @@ import autograd.functional as F
 import nn
 from autograd import Tensor
 from autograd.tensor import _topological_order
-from models.gpt import GPT, GPTConfig
-from models.llama import Llama, llama_config
+from models.architectures.gpt import GPT, GPTConfig
+from models.architectures.llama import Llama, llama_config
 
 
 def kept_bytes(out: Tensor) -> int:

@@ -2,7 +2,7 @@
 
 tests/fixtures/bpe holds a small tokenizer written by the trainer:
 
-    python -c "from pathlib import Path; from models.tokenizer import BPETokenizer as B; \
+    python -c "from pathlib import Path; from models.formats.tokenizer import BPETokenizer as B; \
 B.train(Path('tests/fixtures/bpe/train.txt').read_text(), 350).save('tests/fixtures/bpe')"
 
 Nothing here downloads anything: GPT-2's own files are imitated line for line (first merges, ids,
@@ -21,11 +21,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import models.tokenizer
+import models.formats.tokenizer
 from models import evaluate, sample, train
-from models.data import prepare_corpus
-from models.gpt import GPT, GPTConfig
-from models.tokenizer import (
+from models.architectures.gpt import GPT, GPTConfig
+from models.formats.tokenizer import (
     _PIECES,
     END_OF_TEXT,
     BPETokenizer,
@@ -34,6 +33,7 @@ from models.tokenizer import (
     load_tokenizer,
     save_tokenizer,
 )
+from models.training.data import prepare_corpus
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "bpe"
 FIXTURE_VOCAB_SIZE = 350
@@ -53,7 +53,7 @@ def fixture_tok():
 
 
 def test_module_doctest():
-    assert doctest.testmod(models.tokenizer).failed == 0
+    assert doctest.testmod(models.formats.tokenizer).failed == 0
 
 
 # --- GPT-2's byte alphabet and files ----------------------------------------------------------
@@ -167,7 +167,9 @@ def naive_train(text, n_merges):
             break
         best = min(counts, key=lambda pair: (-counts[pair], pair))
         merges.append(best)
-        words = {tuple(models.tokenizer._merge(list(w), *best)): n for w, n in words.items()}
+        words = {
+            tuple(models.formats.tokenizer._merge(list(w), *best)): n for w, n in words.items()
+        }
     return merges, words
 
 
@@ -201,7 +203,7 @@ def gpt2_loop(parts, ranks):
         pair = min(pairwise(parts), key=lambda p: ranks.get(p, math.inf))
         if pair not in ranks:
             return parts
-        parts = models.tokenizer._merge(parts, *pair)
+        parts = models.formats.tokenizer._merge(parts, *pair)
     return parts
 
 
@@ -213,7 +215,9 @@ def test_merging_long_pieces_by_heap_equals_gpt2s_loop(text, n_merges, piece):
     a heap, in O(n log n): the same tokens as GPT-2's loop, ties and overlaps (a a a) included."""
     tok = BPETokenizer.train(text, 257 + n_merges)
     parts = [bytes_to_unicode()[b] for b in piece.encode()]
-    assert models.tokenizer._merge_by_heap(parts, tok._ranks) == gpt2_loop(parts, tok._ranks)
+    assert models.formats.tokenizer._merge_by_heap(parts, tok._ranks) == gpt2_loop(
+        parts, tok._ranks
+    )
 
 
 def test_tie_rule_and_early_stop():

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 import models
-from models import chat, hub
-from models.decoder import Decoder
+from models import chat
+from models.architectures.decoder import Decoder
+from models.formats import hub
+from models.formats.tokenizer import BPETokenizer
 from models.sample import load
-from models.tokenizer import BPETokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 QWEN2 = FIXTURES / "hf" / "qwen2"  # a tiny random Qwen2 with a tokenizer and a chat template
@@ -91,7 +92,7 @@ def test_the_chat_cli_opens_a_gguf_file(tmp_path, monkeypatch, capsys):
     """A tiny llama written by the GGUF fixtures' script, with a real tokenizer's metadata
     (SmolLM2's pipeline) and a ChatML template: the CLI's replies are a Chat's on the file."""
     pytest.importorskip("gguf")
-    from models.gguf import read_metadata
+    from models.formats.gguf import read_metadata
 
     script = FIXTURES / "gguf" / "make_fixtures.py"
     spec = importlib.util.spec_from_file_location("make_gguf_fixtures", script)
@@ -127,7 +128,7 @@ def smollm2():
     reference = json.loads(REFERENCE.read_text("utf-8"))
     if hashlib.sha256(path.read_bytes()).hexdigest() != reference["sha256"]:
         pytest.skip(f"{path} is not the file of {reference['package']}, the reference's")
-    pytest.importorskip("gguf")  # models.gguf's reader (glassgrad[gguf])
+    pytest.importorskip("gguf")  # models.formats.gguf's reader (glassgrad[gguf])
     model, tokenizer = load(path)  # float32
     return model, tokenizer, reference
 

@@ -17,7 +17,7 @@ import nn
 from autograd import Tensor, TraceError
 from autograd.compile import lowering, shard
 from autograd.compile import plan as plan_module
-from models.gpt import GPT, GPTConfig
+from models.architectures.gpt import GPT, GPTConfig
 
 STEPS = 20
 # Fusion on differs from eager only in rounding: the fused attention computes all of q k^T and

@@ -1,8 +1,9 @@
-"""Data-parallel training (models.ddp): 2 MPI ranks equal 1 process; faults stop the job; resume.
+"""Data-parallel training (models.training.ddp): 2 MPI ranks equal 1 process; faults stop the job;
+resume.
 
 The multi-rank tests run `mpiexec -n 2 python -m models.train --ddp ...` as a subprocess, with
 the mpiexec of the mpich wheel that the test extra installs (beside this interpreter, found by
-models.ddp.find_mpiexec). They are
+models.training.ddp.find_mpiexec). They are
 skipped, with the reason, only where mpi4py or an mpiexec cannot be found. Every subprocess has a
 timeout, so a hang fails the test instead of hanging CI.
 """
@@ -22,9 +23,9 @@ import numpy as np
 import pytest
 
 import nn
-from models import ddp
-from models.gpt import GPT, GPTConfig
+from models.architectures.gpt import GPT, GPTConfig
 from models.train import TRAINER as loop
+from models.training import ddp
 from models.training.tasks.language import LanguageConfig
 
 ROOT = Path(__file__).resolve().parents[1]

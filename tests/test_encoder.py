@@ -8,8 +8,8 @@ import pytest
 
 import autograd
 from models import encoder
+from models.architectures.gpt import IGNORE_INDEX
 from models.encoder import Encoder, EncoderConfig
-from models.gpt import IGNORE_INDEX
 from tests.test_nn_layers import randomize
 
 

@@ -19,11 +19,12 @@ import autograd
 import nn
 from autograd import Tensor, hooks
 from autograd.gradcheck import gradcheck
-from models import chat_data
 from models import lora as models_lora
-from models.gpt import GPT, IGNORE_INDEX, GPTConfig
-from models.llama import Llama, llama_config
-from models.sft import (
+from models.architectures.gpt import GPT, IGNORE_INDEX, GPTConfig
+from models.architectures.llama import Llama, llama_config
+from models.formats.tokenizer import load_tokenizer
+from models.training import chat_data
+from models.training.sft import (
     chat_format,
     chatml,
     conversation_segments,
@@ -33,7 +34,6 @@ from models.sft import (
     read_conversations,
     tokens_and_mask,
 )
-from models.tokenizer import load_tokenizer
 from nn import checkpoint
 
 V, T = 17, 8

@@ -11,12 +11,13 @@ import pytest
 import models
 import nn
 from benchmarks import finetune as bench
-from models import chat_data, finetune_demo
+from models import finetune_demo
 from models import lora as models_lora
-from models.gpt import GPT
-from models.sft import chat_format, chatml, conversation_segments
-from models.tokenizer import load_tokenizer
+from models.architectures.gpt import GPT
+from models.formats.tokenizer import load_tokenizer
 from models.train import LANGUAGE, TRAINER
+from models.training import chat_data
+from models.training.sft import chat_format, chatml, conversation_segments
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
@@ -204,8 +205,8 @@ def test_a_gguf_file_fine_tunes_with_lora_and_merges_into_a_directory(tmp_path):
     writes a Hugging Face directory (config, weights, tokenizer.json + template) whose logits
     are base + adapter's and whose tokenizer is the file's."""
     pytest.importorskip("gguf")
-    from models.gguf import read_metadata
-    from models.tokenizer import BPETokenizer
+    from models.formats.gguf import read_metadata
+    from models.formats.tokenizer import BPETokenizer
 
     make = _load_script(Path(__file__).parent / "fixtures" / "gguf" / "make_fixtures.py")
     tokenizer_file = Path(__file__).parent / "fixtures" / "tokenizers" / "gguf" / "smollm.gguf"

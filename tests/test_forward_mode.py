@@ -11,7 +11,7 @@ import autograd
 import autograd.functional as F
 from autograd import Function, Tensor, forward_ad
 from autograd.higher_order import hvp_by_double_backward, jvp_by_transpose
-from models.gpt import GPT, GPTConfig
+from models.architectures.gpt import GPT, GPTConfig
 
 
 def rand(*shape, seed=0):

@@ -8,7 +8,7 @@ from hypothesis.extra.numpy import arrays
 
 import autograd
 import autograd.functional as F
-from models.gpt import GPT, GPTConfig, choose_next_token, next_token_probs
+from models.architectures.gpt import GPT, GPTConfig, choose_next_token, next_token_probs
 
 VOCAB, BLOCK = 13, 12
 

@@ -1,4 +1,4 @@
-"""GGUF files (models.gguf): llama.cpp's format, read through the gguf package.
+"""GGUF files (models.formats.gguf): llama.cpp's format, read through the gguf package.
 
 The fixtures in tests/fixtures/gguf are tiny llama-architecture models, one per tensor type
 (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K ... Q6_K) and one qwen2, written by gguf's
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import models
-from models import gguf as mg
-from models.errors import FileFormatError
-from models.llama import Llama
+from models.architectures.llama import Llama
+from models.formats import gguf as mg
+from models.formats.errors import FileFormatError
 
 gguf = pytest.importorskip("gguf")
 

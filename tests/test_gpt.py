@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import autograd
 import nn
-from models.gpt import GPT, GPTConfig
+from models.architectures.gpt import GPT, GPTConfig
 
 TINY = dict(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8)
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import models
-from models.gpt import GPT
-from models.llama import Llama
+from models.architectures.gpt import GPT
+from models.architectures.llama import Llama
 
 HF = Path(__file__).resolve().parent / "fixtures" / "hf"
 FAMILIES = {"llama": Llama, "qwen2": Llama, "mistral": Llama, "gpt2": GPT}
@@ -94,7 +94,7 @@ def test_sample_cli_on_every_family(capsys):
 
 def test_chat_cli_renders_the_template_and_keeps_the_conversation(monkeypatch, capsys):
     from models import chat
-    from models.tokenizer import load_tokenizer
+    from models.formats.tokenizer import load_tokenizer
 
     turns = iter(["Hi", "And you?", "/reset", "Hi"])
     seen = []

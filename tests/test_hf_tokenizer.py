@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.chat_template import render_chat_template
-from models.errors import FileFormatError
-from models.tokenizer import (
+from models.formats.chat_template import render_chat_template
+from models.formats.errors import FileFormatError
+from models.formats.tokenizer import (
     AddedToken,
     BPETokenizer,
     CharTokenizer,

@@ -11,7 +11,7 @@ import pytest
 import autograd
 import autograd.functional as F
 from autograd import Tensor, ops
-from models.gpt import GPT, GPTConfig
+from models.architectures.gpt import GPT, GPTConfig
 
 
 def rand(*shape, seed=0):

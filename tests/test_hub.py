@@ -1,7 +1,7 @@
-"""Hub names (models/hub.py), offline: a Hugging Face cache laid out by hand as huggingface_hub
-lays it out (models--org--name/{refs/<ref>, snapshots/<commit>/<file> -> ../../blobs/<hash>,
-blobs/}) in a temporary HF_HUB_CACHE, holding the tiny checkpoints of tests/fixtures/hf. No test
-here reaches the network: HF_HUB_OFFLINE is set for every one."""
+"""Hub names (models/formats/hub.py), offline: a Hugging Face cache laid out by hand as
+huggingface_hub lays it out (models--org--name/{refs/<ref>, snapshots/<commit>/<file> ->
+../../blobs/<hash>, blobs/}) in a temporary HF_HUB_CACHE, holding the tiny checkpoints of
+tests/fixtures/hf. No test here reaches the network: HF_HUB_OFFLINE is set for every one."""
 
 import hashlib
 import shutil
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import models
-from models import hub
-from models.tokenizer import BPETokenizer
+from models.formats import hub
+from models.formats.tokenizer import BPETokenizer
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
 

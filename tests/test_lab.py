@@ -12,7 +12,8 @@ import pytest
 import autograd.functional as F
 from autograd import Tensor, no_grad
 from models import lab
-from models.gpt import GPT, GPTConfig
+from models.architectures.gpt import GPT, GPTConfig
+from models.architectures.llama import Llama, llama_config
 from models.lab.measure import (
     Edit,
     Probe,
@@ -22,7 +23,6 @@ from models.lab.measure import (
     probing,
     score_stats,
 )
-from models.llama import Llama, llama_config
 
 
 def tiny_gpt(seed: int = 1, sharp: float = 2.0) -> GPT:

@@ -10,9 +10,9 @@ import pytest
 import autograd
 import models
 import nn
+from models.architectures.llama import Llama, llama_config
 from models.chat import Chat, run
-from models.llama import Llama, llama_config
-from models.tokenizer import CharTokenizer
+from models.formats.tokenizer import CharTokenizer
 
 LLAMA3 = {
     "rope_type": "llama3",
@@ -336,8 +336,13 @@ def test_chat_reuses_the_cache_and_matches_generate(float64, ends_on_eos):
 def test_mistral_sliding_window_caps_the_context():
     model = llama(model_type="mistral", qkv_bias=False)
     config = {**model.hf_config(), "sliding_window": 8}
-    assert models.llama.config_from_hf(config, "config.json").block_size == 8
-    assert models.llama.config_from_hf({**config, "sliding_window": None}, "c").block_size == 24
+    assert models.architectures.llama.config_from_hf(config, "config.json").block_size == 8
+    assert (
+        models.architectures.llama.config_from_hf(
+            {**config, "sliding_window": None}, "c"
+        ).block_size
+        == 24
+    )
 
 
 def test_chat_loop_streams_resets_and_says_when_the_context_is_full(float64):

@@ -1,4 +1,4 @@
-"""The loaders' one error class (models.errors.FileFormatError)."""
+"""The loaders' one error class (models.formats.errors.FileFormatError)."""
 
 import doctest
 import json
@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 import models
-import models.errors
+import models.formats.errors
 import nn
-from models import hf
-from models.hf import INDEX
-from models.tokenizer import BPETokenizer
+from models.formats import hf
+from models.formats.hf import INDEX
+from models.formats.tokenizer import BPETokenizer
 
 
 def test_module_doctest():
-    assert doctest.testmod(models.errors).failed == 0
+    assert doctest.testmod(models.formats.errors).failed == 0
 
 
 def test_message_names_file_field_and_value():

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 import models
 import nn
-from models import chat_template
-from models.tokenizer import BPETokenizer
+from models.formats import chat_template
+from models.formats.tokenizer import BPETokenizer
 
 HF = Path(__file__).resolve().parent / "fixtures" / "hf"
 ROOT = Path(__file__).resolve().parent.parent

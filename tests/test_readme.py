@@ -8,10 +8,10 @@ import numpy as np
 
 import autograd
 from autograd import Function, Tensor
-from models import hub
-from models.gpt import GPT, GPTConfig
-from models.llama import Llama, llama_config
-from models.tokenizer import BPETokenizer
+from models.architectures.gpt import GPT, GPTConfig
+from models.architectures.llama import Llama, llama_config
+from models.formats import hub
+from models.formats.tokenizer import BPETokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -96,7 +96,7 @@ def test_a_fresh_output_does_not_share_the_version_of_its_input():
 
 
 def test_from_pretrained_dtype_wins_over_the_default(tmp_path):
-    from models.gpt import GPT, GPTConfig
+    from models.architectures.gpt import GPT, GPTConfig
 
     config = GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4)
     GPT(config).save_pretrained(tmp_path)

@@ -30,9 +30,9 @@ import autograd.functional as F
 import models
 import nn
 from autograd import Tensor
-from models.gpt import GPT, GPTConfig
-from models.hf import INDEX
-from models.tokenizer import BPETokenizer
+from models.architectures.gpt import GPT, GPTConfig
+from models.formats.hf import INDEX
+from models.formats.tokenizer import BPETokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)
@@ -394,7 +394,7 @@ def test_graph_is_freed_by_reference_counting_alone():
 MEMORY_SCRIPT = textwrap.dedent(
     """
     import numpy as np, nn
-    from models.gpt import GPT, GPTConfig
+    from models.architectures.gpt import GPT, GPTConfig
 
     def rss_kib(field):
         for line in open("/proc/self/status"):

@@ -9,7 +9,7 @@ import pytest
 import autograd
 from autograd import Tensor
 from models import seq2seq
-from models.gpt import IGNORE_INDEX
+from models.architectures.gpt import IGNORE_INDEX
 from models.seq2seq import BOS, EOS, PAD, TASKS, Seq2Seq, Seq2SeqConfig
 from tests.test_nn_layers import randomize
 

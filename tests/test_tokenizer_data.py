@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.data import (
+from models.formats.tokenizer import CharTokenizer
+from models.training.data import (
     DEFAULT_MODULES,
     eval_batches,
     get_batch,
@@ -15,7 +16,6 @@ from models.data import (
     split_ids,
     unigram_baseline,
 )
-from models.tokenizer import CharTokenizer
 
 ALPHABET = "abc xyz\n\tλ€"
 

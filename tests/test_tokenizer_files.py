@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from models.tokenizer import BPETokenizer, bytes_to_unicode
+from models.formats.tokenizer import BPETokenizer, bytes_to_unicode
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tokenizers"
 REFERENCE = json.loads((FIXTURES / "reference.json").read_text(encoding="utf-8"))

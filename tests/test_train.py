@@ -11,8 +11,8 @@ import pytest
 
 import nn
 from models import sample, train
-from models.gpt import GPT
-from models.tokenizer import CharTokenizer
+from models.architectures.gpt import GPT
+from models.formats.tokenizer import CharTokenizer
 from models.train import TRAINER as loop
 from models.training.loop import stop_on_interrupt
 from models.training.tasks.language import LanguageConfig

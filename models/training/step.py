@@ -6,7 +6,7 @@ same function to autograd.compile, which traces it once per batch shape and repl
 EagerTrainStep and CompiledTrainStep are what the loop calls each step: both set the step's
 learning rate, pack the batch into train_step's arguments (step_arguments) and stop the run on a
 non-finite gradient norm. The eager one also runs the hooks a compiled replay cannot: the
-caller's after_backward and the gradient Allreduce of --ddp (models/ddp.py).
+caller's after_backward and the gradient Allreduce of --ddp (models/training/ddp.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 import autograd
 import nn
 from autograd import Tensor
-from models.ddp import SINGLE_PROCESS, Replicas
+from models.training.ddp import SINGLE_PROCESS, Replicas
 
 Batch = tuple[np.ndarray, ...]
 LossFn = Callable[..., Tensor]

@@ -1,5 +1,5 @@
 """Chat fine-tuning (--sft) of a trained decoder: conversations whose loss counts the assistant's
-tokens only (models/sft.py), rendered with the base model's chat template. The task of
+tokens only (models/training/sft.py), rendered with the base model's chat template. The task of
 `python -m models.train --init-from DIR --sft FILE.jsonl` (docs/finetune.md).
 
 The settings, the checks and the model are language modelling's (language.py); the data, the
@@ -15,11 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from models.data import unigram_baseline
-from models.decoder import Decoder
-from models.gpt import IGNORE_INDEX
-from models.sft import chat_format, greedy_answer, pad_batch, read_conversations, sft_examples
-from models.tokenizer import load_tokenizer
+from models.architectures.decoder import Decoder
+from models.architectures.gpt import IGNORE_INDEX
+from models.formats.tokenizer import load_tokenizer
+from models.training.data import unigram_baseline
+from models.training.sft import (
+    chat_format,
+    greedy_answer,
+    pad_batch,
+    read_conversations,
+    sft_examples,
+)
 from models.training.step import Batch
 from models.training.tasks.language import LanguageConfig, LanguageModelling
 

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 import models
-from models.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
-from models.decoder import Decoder, DecoderConfig
-from models.gpt import GPT, GPTConfig
-from models.llama import Llama, llama_config
-from models.tokenizer import load_tokenizer, save_tokenizer
+from models.architectures.decoder import Decoder, DecoderConfig
+from models.architectures.gpt import GPT, GPTConfig
+from models.architectures.llama import Llama, llama_config
+from models.formats.tokenizer import load_tokenizer, save_tokenizer
 from models.training.config import TrainConfig, setting
+from models.training.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
 from models.training.step import Batch
 from models.training.task import Task
 

@@ -8,7 +8,8 @@ wheel, no system MPI needed). Every rank runs this same loop:
    that all ranks agree: a fingerprint of the parameters, optimizer state and settings is gathered
    and compared before the first step;
 2. takes its rows of each global batch: batches are a pure function of (seed, step), so rank r
-   simply keeps rows r, r + N, ... of the batch a single process would draw (models.data.get_batch);
+   simply keeps rows r, r + N, ... of the batch a single process would draw
+   (models.training.data.get_batch);
 3. after backward, averages the gradients with ONE Allreduce over one preallocated flat buffer
    (gradients, the loss and a stop flag), so every rank takes the identical optimizer step.
 

@@ -14,9 +14,10 @@ Training minimises the mean next-token cross-entropy over the positions whose ta
 | biases               | everywhere              | none; Qwen2: on q, k, v                        |
 | head (9.4)           | tied to wte             | tied or its own lm_head                        |
 
-Parameter names are Hugging Face's for each family (models.gpt, models.llama), so a checkpoint
-maps one tensor to one parameter. Layouts are glassgrad's row vectors: every Linear weight is
-(in, out) (GPT-2 stores them so too; Llama's files hold (out, in), transposed on load and save).
+Parameter names are Hugging Face's for each family (models.architectures.gpt,
+models.architectures.llama), so a checkpoint maps one tensor to one parameter. Layouts are
+glassgrad's row vectors: every Linear weight is (in, out) (GPT-2 stores them so too; Llama's files
+hold (out, in), transposed on load and save).
 
 Generation (notes 12) picks one token at a time from the last position's distribution. With the
 KV cache (notes 12.4), each layer keeps the keys and values of the positions already seen, so a
@@ -38,8 +39,8 @@ import autograd
 import autograd.functional as F
 import nn
 from autograd import Tensor, get_default_dtype, no_grad
-from models import hf
-from models.errors import FileFormatError
+from models.formats import hf
+from models.formats.errors import FileFormatError
 
 IGNORE_INDEX = -100  # a target that does not count in the loss (padding, prompt tokens, ...)
 
@@ -163,8 +164,9 @@ class Body(nn.Module):
 class Decoder(nn.Module):
     """`logits, loss = model(idx, targets)`; `model.generate(idx, n)` continues text.
 
-    A family (models.gpt.GPT, models.llama.Llama) sets `names` (its parameter names) and how its
-    files store weights. rng initialises the weights (default np.random.default_rng(0)).
+    A family (models.architectures.gpt.GPT, models.architectures.llama.Llama) sets `names` (its
+    parameter names) and how its files store weights. rng initialises the weights (default
+    np.random.default_rng(0)).
     """
 
     names: dict[str, str] = {}  # role -> the family's name; {} = GPT-2's names
@@ -403,7 +405,7 @@ class Decoder(nn.Module):
         finally:
             self.train(was_training)
 
-    # --- Hugging Face directories (models.hf reads and writes the files) ------------------------
+    # --- Hugging Face directories (models.formats.hf reads and writes the files) ------------------
     @classmethod
     def config_from_hf(cls, config: dict[str, Any], source: str) -> DecoderConfig:
         raise NotImplementedError(f"{cls.__name__} does not read Hugging Face configs")
@@ -480,7 +482,7 @@ class Decoder(nn.Module):
     def load_hf_tensors(self, tensors: Iterator[tuple[str, str, np.ndarray]], dtype: Any) -> None:
         """Copy (file, name, array) one at a time into the parameters, converting to dtype and
         (Llama) transposing Linear weights to (in, out); every parameter must be found once
-        (load_hf_files checks safetensors headers first; models.gguf its own tensors)."""
+        (load_hf_files checks safetensors headers first; models.formats.gguf its own tensors)."""
         params = dict(self.named_parameters())
         transposed = self.transposed_in_files()
         loaded = set()

@@ -1,7 +1,7 @@
 """A conversation set every machine has: questions about the signatures of the standard library.
 
-The demo corpus (models.data.DEFAULT_MODULES) is the source of 27 standard-library modules, so a
-model pretrained on it has read `def insort_right(a, x, lo=0, hi=None, *, key=None):`. The
+The demo corpus (models.training.data.DEFAULT_MODULES) is the source of 27 standard-library modules,
+so a model pretrained on it has read `def insort_right(a, x, lo=0, hi=None, *, key=None):`. The
 conversations ask for exactly that, in a chat format the pretrained model has never seen:
 
     user:       What are the parameters of bisect.insort_right?
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from models.data import DEFAULT_MODULES, stdlib_dir
+from models.training.data import DEFAULT_MODULES, stdlib_dir
 
 SYSTEM = "Answer with the function's signature."
 MAX_SIGNATURE = 48  # characters: longer ones (argparse's) would dominate a small context

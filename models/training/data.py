@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
+from models.formats.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 
 # Pure-Python modules present in every CPython since 3.10, in a fixed order: the same interpreter
 # always yields the same corpus (about 1 MB of text). shlex.py is left out: its table of 60

@@ -7,8 +7,8 @@ the most frequent adjacent pair, so frequent words become single tokens and any 
 script, still has an encoding. BPETokenizer learns GPT-2's kind, reads GPT-2's vocab.json +
 merges.txt, and reads Hugging Face's tokenizer.json for the byte-level BPE models since (Llama 3,
 Qwen2, SmolLM2: their own split patterns, added tokens such as <|im_start|>), with the chat
-template of tokenizer_config.json (models.chat_template); also the SentencePiece-style BPE over
-characters of Llama 2, TinyLlama and Mistral, and the tokenizer in a llama.cpp GGUF file's
+template of tokenizer_config.json (models.formats.chat_template); also the SentencePiece-style BPE
+over characters of Llama 2, TinyLlama and Mistral, and the tokenizer in a llama.cpp GGUF file's
 metadata. Each gives the ids of Hugging Face's `tokenizers` on the same file. A checkpoint
 directory holds one of them: the character `tokenizer.json`, GPT-2's two files or Hugging Face's
 `tokenizer.json`; save_tokenizer / load_tokenizer pick the right files, so a sampler decodes
@@ -32,10 +32,10 @@ import numpy as np
 import regex
 
 import nn
-from models import gguf, hub
-from models.chat_template import render_chat_template
-from models.errors import FileFormatError
-from models.hf import inside
+from models.formats import gguf, hub
+from models.formats.chat_template import render_chat_template
+from models.formats.errors import FileFormatError
+from models.formats.hf import inside
 
 
 class CharTokenizer:
@@ -694,7 +694,7 @@ class BPETokenizer:
         for the chat template) if it has one, else GPT-2's vocab.json + merges.txt (a directory
         written by save, or GPT-2's own: a download of gpt2 has all three, which agree). Or a
         llama.cpp .gguf file: the tokenizer and chat template of its metadata. A hub name
-        ("org/name", at `revision`) that is not a local path is fetched (models.hub)."""
+        ("org/name", at `revision`) that is not a local path is fetched (models.formats.hub)."""
         directory = hub.resolve(directory, revision, hub.TOKENIZER_FILES)
         if directory.suffix == ".gguf" and not directory.is_dir():
             return _read_gguf_tokenizer(directory)

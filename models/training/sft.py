@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from models.gpt import IGNORE_INDEX
+from models.architectures.gpt import IGNORE_INDEX
 
 
 def tokens_and_mask(

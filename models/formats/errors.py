@@ -5,7 +5,8 @@ field as the file writes it, so the user knows which line to fix.
 >>> raise FileFormatError("m/config.json", "hidden_size", "must be a positive integer", "96")
 Traceback (most recent call last):
     ...
-models.errors.FileFormatError: m/config.json: hidden_size: must be a positive integer, got '96'
+models.formats.errors.FileFormatError: m/config.json: hidden_size: must be a positive integer, got
+'96'
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""GPT-2: the decoder of models.decoder with GPT-2's settings and Hugging Face GPT-2's names.
+"""GPT-2: the decoder of models.architectures.decoder with GPT-2's settings and Hugging Face GPT-2's
+names.
 
 Token ids -> token embedding + learned position embedding (notes 2.1, 8.6) -> n_layer Pre-LN blocks
 (LayerNorm, GELU MLP; notes 8.5) -> final LayerNorm -> logits against the token embedding itself
-(weight tying, notes 9.4). The forward pass, the loss and generation are models.decoder's.
+(weight tying, notes 9.4). The forward pass, the loss and generation are
+models.architectures.decoder's.
 
 Parameter names and layouts are Hugging Face GPT-2's, one to one
 (`transformer.h.0.attn.c_attn.weight` is (C, 3C): GPT-2's Conv1D stores row-vector (in, out)
@@ -18,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from models.decoder import (  # noqa: F401  (the sampling helpers' historical home)
+from models.architectures.decoder import (  # noqa: F401  (the sampling helpers' historical home)
     IGNORE_INDEX,
     Decoder,
     DecoderConfig,
@@ -26,8 +28,8 @@ from models.decoder import (  # noqa: F401  (the sampling helpers' historical ho
     choose_next_token,
     next_token_probs,
 )
-from models.errors import FileFormatError
-from models.hf import Fields
+from models.formats.errors import FileFormatError
+from models.formats.hf import Fields
 
 
 @dataclass

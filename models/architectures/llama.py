@@ -1,5 +1,6 @@
-"""The Llama family (Llama 2/3, SmolLM2, TinyLlama, Qwen2, Mistral): models.decoder with
-RMSNorm, rotary positions, the SwiGLU MLP and grouped-query attention, under Hugging Face's names.
+"""The Llama family (Llama 2/3, SmolLM2, TinyLlama, Qwen2, Mistral): models.architectures.decoder
+with RMSNorm, rotary positions, the SwiGLU MLP and grouped-query attention, under Hugging Face's
+names.
 
 What a Hugging Face Llama file calls each parameter, and where it lives here (every name is HF's
 own, so `named_parameters()` lists exactly the file's tensor names):
@@ -29,8 +30,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.decoder import Decoder, DecoderConfig
-from models.hf import Fields
+from models.architectures.decoder import Decoder, DecoderConfig
+from models.formats.hf import Fields
 
 # glassgrad's role names (GPT-2's, which the decoder's forward reads) -> Llama's names.
 NAMES = {"transformer": "model", "wte": "embed_tokens", "h": "layers", "ln_f": "norm"}

@@ -28,7 +28,7 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-from models.errors import FileFormatError
+from models.formats.errors import FileFormatError
 
 # A render's budget: a template is a stranger's program, so it gets this much and no more.
 MAX_ITERATIONS = 1_000_000  # loop iterations, all loops of one render together

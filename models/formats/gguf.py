@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from models.errors import FileFormatError
+from models.formats.errors import FileFormatError
 
 
 def _gguf() -> Any:
@@ -184,7 +184,7 @@ def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
 ARCHITECTURES = ("llama", "qwen2")
 
 # GGUF's tensor names (llama.cpp's gguf-py/gguf/constants.py) -> Hugging Face's, for the Llama
-# family (models.llama's table); a block's tensors are blk.{i}.<name>.{weight,bias}.
+# family (models.architectures.llama's table); a block's tensors are blk.{i}.<name>.{weight,bias}.
 GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -246,11 +246,11 @@ def _token_id(meta: dict[str, Any], key: str, path: Path) -> int | None:
 
 def hf_config(meta: dict[str, Any], tensor_names: set[str], path: str | Path) -> dict[str, Any]:
     """A GGUF file's metadata (read_metadata) -> the config.json a Hugging Face directory of the
-    same model holds, which models.llama reads (so a GGUF model and a directory go through one
-    path, its checks included). The keys are llama.cpp's: {arch}.block_count, .context_length,
-    .embedding_length, .feed_forward_length, .attention.head_count(_kv), .rope.freq_base,
-    .rope.dimension_count, .attention.layer_norm_rms_epsilon; the vocabulary's size is
-    {arch}.vocab_size or the length of tokenizer.ggml.tokens; the head is tied to the embedding
+    same model holds, which models.architectures.llama reads (so a GGUF model and a directory go
+    through one path, its checks included). The keys are llama.cpp's: {arch}.block_count,
+    .context_length, .embedding_length, .feed_forward_length, .attention.head_count(_kv),
+    .rope.freq_base, .rope.dimension_count, .attention.layer_norm_rms_epsilon; the vocabulary's size
+    is {arch}.vocab_size or the length of tokenizer.ggml.tokens; the head is tied to the embedding
     when the file has no output.weight (as llama.cpp and transformers decide)."""
     path = Path(path)
     arch = _value(meta, "general.architecture", path, "str")
@@ -366,9 +366,11 @@ def load(path: str | Path, dtype: Any = None, max_bytes: int | None = None) -> A
     before any is read; then each is dequantized straight into dtype, one at a time (the peak is
     the model in dtype plus about one tensor)."""
     from autograd import get_default_dtype
-    from models import hf
-    from models.decoder import _NoInit  # every weight is about to be loaded: skip the draws
-    from models.llama import Llama
+    from models.architectures.decoder import (
+        _NoInit,  # every weight is about to be loaded: skip the draws
+    )
+    from models.architectures.llama import Llama
+    from models.formats import hf
 
     path = Path(path)
     dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
