@@ -449,8 +449,9 @@ class Trainer:
         add("--lora-alpha", "LoRA's update is (alpha / rank) A B", type=float)
         add(
             "--lora-targets",
-            "comma-separated Linear names or globs to adapt (default: the attention projections, "
-            f"{','.join(nn.lora.ATTENTION_PROJECTIONS)}, those the model has)",
+            "comma-separated Linear names or globs to adapt (default: the self-attention "
+            "projections, nn.lora.attention_projections: c_attn,*.attn.c_proj for GPT-2, "
+            "q_proj,k_proj,v_proj,o_proj for the Llama family)",
         )
         add("--grad-accum", "micro-batches per step, each --batch-size rows", type=int)
         add("--resume", "continue the run saved in --out", action="store_true")
