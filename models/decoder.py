@@ -14,9 +14,10 @@ Training minimises the mean next-token cross-entropy over the positions whose ta
 | biases               | everywhere              | none; Qwen2: on q, k, v                        |
 | head (9.4)           | tied to wte             | tied or its own lm_head                        |
 
-Parameter names are Hugging Face's for each family (models.gpt, models.llama), so a checkpoint
-maps one tensor to one parameter. Layouts are glassgrad's row vectors: every Linear weight is
-(in, out) (GPT-2 stores them so too; Llama's files hold (out, in), transposed on load and save).
+Parameter names are Hugging Face's for each family, and each family's HF_NAMES (models.gpt,
+models.llama) maps one tensor to one parameter. Layouts are glassgrad's row vectors: every
+Linear weight is (in, out) (GPT-2 stores them so too; Llama's files hold (out, in), transposed
+on load and save).
 
 Generation (notes 12) picks one token at a time from the last position's distribution. With the
 KV cache (notes 12.4), each layer keeps the keys and values of the positions already seen, so a
