@@ -4,10 +4,11 @@
     python -m benchmarks.ddp --config mid --reps 3 --ranks 1 2 4 --json ddp.json
 
 Each measurement is one `mpiexec -n N python -m benchmarks.ddp --worker ...` job: every rank runs
-full data-parallel training steps (models.loop.train_step with models.ddp.DataParallel: forward,
-backward, one Allreduce, clipping, AdamW) on its share of the same global batch, with 1 BLAS and 1
-Numba thread, so N ranks use N cores. After untimed warm-up steps (Numba cache loading, first-touch
-allocations) the ranks meet at a barrier and rank 0 times the next steps to the closing barrier.
+full data-parallel training steps (models.training.step.EagerTrainStep with
+models.ddp.DataParallel: forward, backward, one Allreduce, clipping, AdamW) on its share of the
+same global batch, with 1 BLAS and 1 Numba thread, so N ranks use N cores. After untimed warm-up
+steps (Numba cache loading, first-touch allocations) the ranks meet at a barrier and rank 0 times
+the next steps to the closing barrier.
 Jobs alternate between the rank counts (1, 2, 1, 2, ...) so that load from other processes on a
 shared machine hits all alike; the figures are medians over the repetitions.
 
@@ -51,7 +52,7 @@ def _worker(config: BenchConfig, steps: int, warmup: int) -> None:
     import nn
     from models import ddp
     from models.gpt import GPT
-    from models.loop import train_step
+    from models.training.step import EagerTrainStep
 
     comm = ddp._mpi().COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
@@ -71,12 +72,13 @@ def _worker(config: BenchConfig, steps: int, warmup: int) -> None:
         def loss_fn(x: np.ndarray, y: np.ndarray) -> Any:
             return model(x, y)[1]
 
+        train_step = EagerTrainStep(loss_fn, optimizer, 1.0, replicas=replicas)
         for _ in range(warmup):
-            train_step(loss_fn, optimizer, batch, 1e-4, 1.0, replicas=replicas)
+            train_step(batch, 1e-4)
         comm.Barrier()
         began = time.perf_counter()
         for _ in range(steps):
-            train_step(loss_fn, optimizer, batch, 1e-4, 1.0, replicas=replicas)
+            train_step(batch, 1e-4)
         comm.Barrier()
         seconds = time.perf_counter() - began
         # The Allreduce alone (pack, sum, unpack), for the cost model in docs/ddp.md.

@@ -1,5 +1,5 @@
 """Data-parallel training over MPI: `mpiexec -n N python -m models.train --ddp ...` (or
-models.encoder, models.seq2seq: --ddp is the training loop's, models/loop.py).
+models.encoder, models.seq2seq: --ddp is the training loop's, models/training/loop.py).
 
 The distributed engine is MPI (through mpi4py; `pip install "glassgrad[mpi]"` brings the mpich
 wheel, no system MPI needed). Every rank runs this same loop:
@@ -219,10 +219,10 @@ def _injected_failure() -> tuple[int, int] | None:
 class Replicas:
     """The processes a run trains on: one (this class), or the MPI ranks of DataParallel.
 
-    The training loop (models.loop) asks it which rows of each global batch this process takes
-    (rank, world size), lets it make the gradients, the loss and a stop request agree across
-    processes after backward (reduce), and leaves logging, evaluation and checkpoints to the main
-    process.
+    The training loop (models/training/loop.py) asks it which rows of each global batch this
+    process takes (rank, world size), lets it make the gradients, the loss and a stop request
+    agree across processes after backward (reduce), and leaves logging, evaluation and
+    checkpoints to the main process.
     """
 
     rank = 0

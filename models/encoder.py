@@ -9,9 +9,9 @@ before it). A decoder-only GPT could only use the left side. The score is the fr
 characters of the validation text predicted exactly, beside the unigram baseline: always
 guessing the training text's most frequent character.
 
-The training is the one loop of models/loop.py (EncoderTrainer plugs in the masked batches, the
-evaluation and the model's files): checkpoints and loss.png in --out (runs/encoder), --resume,
-Ctrl-C, the compiled step, --ddp.
+The training is the one loop of models/training/ (MaskedCharacters plugs in the masked batches,
+the evaluation and the model's files; MaskedConfig holds its settings): checkpoints and loss.png
+in --out (runs/encoder), --resume, Ctrl-C, the compiled step, --ddp.
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ import numpy as np
 import autograd.functional as F
 import nn
 from autograd import Tensor, no_grad
-from models import loop
 from models.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
 from models.gpt import IGNORE_INDEX
 from models.tokenizer import load_tokenizer, save_tokenizer
+from models.training.config import TrainConfig, setting
+from models.training.loop import Trainer
+from models.training.step import Batch
+from models.training.task import Task
 
 
 @dataclass
@@ -178,61 +181,58 @@ class MaskedData:
         return np.concatenate([t[t != IGNORE_INDEX] for _, t in self.val])
 
 
-class EncoderTrainer(loop.Trainer):
-    """Masked-character prediction (notes 8.7) with the encoder: its kind of the loop."""
+@dataclass(kw_only=True)
+class MaskedConfig(TrainConfig):
+    """The encoder's settings. About 3 minutes on the 2-core machine (docs/seq2seq.md); at 3x
+    that time, width 128 and 4 blocks reached 0.470 instead of 0.444."""
+
+    data: str | None = setting(
+        "UTF-8 text file (default: the Python standard library sources)", None, resume_keeps=True
+    )
+    block_size: int = setting("characters per window", 64, resume_keeps=True, positive=True)
+    eval_batches: int = setting("validation batches", 16, positive=True)
+    post_ln: bool = setting("the 2017 paper's Post-LN blocks", False, resume_keeps=True)
+    positions: str = setting(
+        "position encoding", "learned", choices=("learned", "sinusoidal"), resume_keeps=True
+    )
+    out: str | None = "runs/encoder"
+    steps: int = 1000
+    batch_size: int = 32
+    n_layer: int = 3
+    n_head: int = 4
+    n_embd: int = 96
+    lr: float = 3e-3
+    warmup: int = 100
+
+
+class MaskedCharacters(Task):
+    """Masked-character prediction (notes 8.7) with the encoder: its task of the training loop."""
 
     name = "encoder"
     prog = "python -m models.encoder"
     description = "Train an encoder-only Transformer by masked-character prediction (8.7)."
     title = "encoder (masked characters)"
-    # About 3 minutes on the 2-core machine (docs/seq2seq.md); at 3x that time, width 128 and 4
-    # blocks reached 0.470 instead of 0.444.
-    DEFAULTS: dict[str, Any] = {
-        **loop.Trainer.DEFAULTS,
-        "data": None,
-        "out": "runs/encoder",
-        "steps": 1000,
-        "batch_size": 32,
-        "block_size": 64,
-        "n_layer": 3,
-        "n_head": 4,
-        "n_embd": 96,
-        "post_ln": False,
-        "positions": "learned",
-        "lr": 3e-3,
-        "warmup": 100,
-        "eval_batches": 16,
-    }
-    RUN_DEFINING = (*loop.COMMON_RUN_DEFINING, "data", "block_size", "post_ln", "positions")
+    Config = MaskedConfig
     blas_threads = 1  # small products (measured in docs/seq2seq.md)
-    model_class, config_class = Encoder, EncoderConfig
+    model_class, model_config_class = Encoder, EncoderConfig
 
-    def add_arguments(self, add: Any) -> None:
-        add("--data", "UTF-8 text file (default: the Python standard library sources)")
-        add("--block-size", "characters per window", type=int)
-        add("--eval-batches", "validation batches", type=int)
-        add("--post-ln", "the 2017 paper's Post-LN blocks", action="store_true", default=None)
-        add("--positions", "position encoding", choices=["learned", "sinusoidal"])
-
-    def prepare(self, s: dict[str, Any], saved: Path | None) -> MaskedData:
+    def prepare(self, c: MaskedConfig, saved: Path | None) -> MaskedData:
         tokenizer = None if saved is None else load_tokenizer(saved)
-        corpus = prepare_corpus(s["data"], tokenizer=tokenizer)
+        corpus = prepare_corpus(c.data, tokenizer=tokenizer)
         mask_id = corpus.tokenizer.vocab_size
-        windows = eval_batches(
-            corpus.val, s["batch_size"], s["block_size"], s["eval_batches"], s["seed"]
-        )
+        windows = eval_batches(corpus.val, c.batch_size, c.block_size, c.eval_batches, c.seed)
         val = [
-            mask_characters(x, mask_id, np.random.default_rng([s["seed"], 3, i]))
+            mask_characters(x, mask_id, np.random.default_rng([c.seed, 3, i]))
             for i, (x, _) in enumerate(windows)
         ]
         return MaskedData(corpus, mask_id, val)
 
-    def config_fields(self, s: dict[str, Any], data: MaskedData) -> dict[str, Any]:
+    def config_fields(self, c: MaskedConfig, data: MaskedData) -> dict[str, Any]:
         return {
             "vocab_size": data.mask_id + 1,
-            "block_size": s["block_size"],
-            "pre_ln": not s["post_ln"],
-            "positions": s["positions"],
+            "block_size": c.block_size,
+            "pre_ln": not c.post_ln,
+            "positions": c.positions,
         }
 
     def save_model(
@@ -242,12 +242,12 @@ class EncoderTrainer(loop.Trainer):
         save_tokenizer(data.corpus.tokenizer, out)
 
     def batch(
-        self, s: dict[str, Any], data: MaskedData, step: int, rank: int, world_size: int
-    ) -> loop.Batch:
+        self, c: MaskedConfig, data: MaskedData, step: int, rank: int, world_size: int
+    ) -> Batch:
         """Windows of the training text with 15 % of their characters masked; the masks are
         drawn for the global batch, so every rank's rows are those of one process."""
-        x, _ = get_batch(data.corpus.train, s["batch_size"], s["block_size"], s["seed"], step)
-        rng = np.random.default_rng([s["seed"], 2, step])
+        x, _ = get_batch(data.corpus.train, c.batch_size, c.block_size, c.seed, step)
+        rng = np.random.default_rng([c.seed, 2, step])
         inputs, targets = mask_characters(x, data.mask_id, rng)
         return inputs[rank::world_size], targets[rank::world_size]
 
@@ -259,7 +259,7 @@ class EncoderTrainer(loop.Trainer):
             "accuracy": float(np.mean(targets == data.most_frequent)),
         }
 
-    def evaluate(self, model: Encoder, data: MaskedData, s: dict[str, Any]) -> dict[str, float]:
+    def evaluate(self, model: Encoder, data: MaskedData, c: MaskedConfig) -> dict[str, float]:
         val = float(np.mean([model(inputs, targets)[1].item() for inputs, targets in data.val]))
         return {"val": val, "accuracy": masked_accuracy(model, data.val)[0]}
 
@@ -270,7 +270,7 @@ class EncoderTrainer(loop.Trainer):
             f"masked; {len(data.masked_targets):,} masked validation characters"
         )
 
-    def report(self, history: dict[str, Any], data: MaskedData, s: dict[str, Any]) -> list[str]:
+    def report(self, history: dict[str, Any], data: MaskedData, c: MaskedConfig) -> list[str]:
         always = data.corpus.tokenizer.decode([data.most_frequent])
         return [
             f"masked-token accuracy: {history['eval_accuracy'][-1]:.4f} vs unigram baseline "
@@ -279,7 +279,7 @@ class EncoderTrainer(loop.Trainer):
         ]
 
 
-TRAINER = EncoderTrainer()
+TRAINER = Trainer(MaskedCharacters())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from autograd import no_grad
 from models.data import prepare_corpus
 from models.gpt import GPT
 from models.tokenizer import load_tokenizer
-from models.train import TRAINER
+from models.training.checkpoints import read_train_state
 
 
 def total_nats(model: GPT, ids: np.ndarray, batch_size: int = 32) -> float:
@@ -66,9 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="windows per forward pass")
     args = parser.parse_args(argv)
     ckpt = Path(args.ckpt)
-    settings = TRAINER.read_train_state(ckpt)[
-        "settings"
-    ]  # its --data: the same text, the same split
+    settings = read_train_state("train", ckpt)["settings"]  # its --data: the same text and split
     model, tokenizer = GPT.from_pretrained(ckpt), load_tokenizer(ckpt)
     corpus = prepare_corpus(settings["data"], tokenizer=tokenizer)
     # The last training token as context for the first validation token: all of them are scored.

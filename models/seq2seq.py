@@ -16,10 +16,11 @@ The tasks are generated in code: `reverse` and `sort` a string of digits, `add` 
 two numbers. Held-out sequences are fixed by a hash of the source text (`is_held_out`), so
 training never draws one, whatever the seed, and the final accuracy is on sources it never saw.
 
-The training is the one loop of models/loop.py (Seq2SeqTrainer plugs in the batches, the
-evaluation and the model's files): checkpoints and loss.png in --out (runs/seq2seq-TASK),
---resume, Ctrl-C, --ddp, the compiled step: a batch carries its source's padding mask as an array
-of its own (source_keys), a step argument, so each replay masks its own batch's padding.
+The training is the one loop of models/training/ (DigitTasks plugs in the batches, the
+evaluation and the model's files; DigitsConfig holds its settings): checkpoints and loss.png in
+--out (runs/seq2seq-TASK), --resume, Ctrl-C, --ddp, the compiled step: a batch carries its
+source's padding mask as an array of its own (source_keys), a step argument, so each replay masks
+its own batch's padding.
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ import numpy as np
 import autograd.functional as F
 import nn
 from autograd import Tensor, no_grad
-from models import loop
 from models.data import unigram_baseline
 from models.gpt import IGNORE_INDEX
+from models.training.config import TrainConfig, setting
+from models.training.loop import Trainer
+from models.training.step import Batch
+from models.training.task import Task as TrainingTask  # Task here: a digit task
 
 # --- vocabulary and tasks -------------------------------------------------------------------------
 
@@ -383,8 +387,32 @@ class DigitData:
     held_out: list[tuple[str, str]]
 
 
-class Seq2SeqTrainer(loop.Trainer):
-    """The digit tasks (reverse, sort, add) with the encoder-decoder: its kind of the loop."""
+@dataclass(kw_only=True)
+class DigitsConfig(TrainConfig):
+    """The encoder-decoder's settings. Steps, batch size, width, learning rate, lengths and --out
+    default to the --task's (TASKS, DigitTasks.defaults)."""
+
+    task: str = setting(
+        "the digit task", "reverse", choices=tuple(sorted(TASKS)), resume_keeps=True
+    )
+    min_len: int = setting("fewest digits of a string/operand", resume_keeps=True)
+    max_len: int = setting("most digits of a string/operand", resume_keeps=True)
+    post_ln: bool = setting("the 2017 paper's Post-LN blocks", False, resume_keeps=True)
+    positions: str = setting(
+        "position encoding", "learned", choices=("learned", "sinusoidal"), resume_keeps=True
+    )
+    eval_size: int = setting("held-out sequences to score", 1000, positive=True)
+    bucket: bool = setting(
+        "batches of one source length (no source padding)", False, resume_keeps=True
+    )
+    n_layer: int = 2
+    n_head: int = 4
+    warmup: int = 100
+    eval_every: int = 200
+
+
+class DigitTasks(TrainingTask):
+    """The digit tasks (reverse, sort, add) with the encoder-decoder: its task of the loop."""
 
     name = "seq2seq"
     prog = "python -m models.seq2seq"
@@ -393,95 +421,60 @@ class Seq2SeqTrainer(loop.Trainer):
         "width, learning rate, lengths and --out (runs/seq2seq-TASK) default to the task's."
     )
     title = "encoder-decoder"
-    # The defaults every task shares; the others are the task's (defaults(), TASKS).
-    DEFAULTS: dict[str, Any] = {
-        **loop.Trainer.DEFAULTS,
-        "task": "reverse",
-        "n_layer": 2,
-        "n_head": 4,
-        "post_ln": False,
-        "positions": "learned",
-        "warmup": 100,
-        "eval_every": 200,
-        "eval_size": 1000,
-        "bucket": False,
-    }
-    RUN_DEFINING = (
-        *loop.COMMON_RUN_DEFINING,
-        "task",
-        "min_len",
-        "max_len",
-        "post_ln",
-        "positions",
-        "bucket",
-    )
+    Config = DigitsConfig
     betas = (0.9, 0.98)
     # Batches come in several shapes, one plan each. The fused AdamW moves the parameters into
     # its plan's flat buffer, so every change of shape would trace again (55 ms a step for
     # reverse --bucket, eager 7.4 ms); unfused plans stay valid side by side (6.4 ms).
     fusion = False
     blas_threads = 1  # tiny products: a second BLAS thread cost 3x on a busy machine
-    model_class, config_class = Seq2Seq, Seq2SeqConfig
-
-    def add_arguments(self, add: Any) -> None:
-        add("--task", "the digit task", choices=sorted(TASKS))
-        add("--min-len", "fewest digits of a string/operand", type=int)
-        add("--max-len", "most digits of a string/operand", type=int)
-        add("--post-ln", "the 2017 paper's Post-LN blocks", action="store_true", default=None)
-        add("--positions", "position encoding", choices=["learned", "sinusoidal"])
-        add("--eval-size", "held-out sequences to score", type=int)
-        add(
-            "--bucket",
-            "batches of one source length (no source padding)",
-            action="store_true",
-            default=None,
-        )
+    model_class, model_config_class = Seq2Seq, Seq2SeqConfig
 
     def defaults(self, given: dict[str, Any]) -> dict[str, Any]:
-        task = TASKS[given.get("task", self.DEFAULTS["task"])]
+        task = TASKS[given.get("task", "reverse")]
         return {
-            **self.DEFAULTS,
+            **super().defaults(given),
             **{k: getattr(task, k) for k in ("steps", "batch_size", "n_embd", "lr")},
             "min_len": task.min_len,
             "max_len": task.max_len,
             "out": f"runs/seq2seq-{task.name}",
         }
 
-    def check_settings(self, s: dict[str, Any], given: dict[str, Any]) -> None:
-        if not 1 <= s["min_len"] <= s["max_len"]:
+    def check(self, c: DigitsConfig, given: dict[str, Any]) -> None:
+        if not 1 <= c.min_len <= c.max_len:
             raise SystemExit(
-                f"seq2seq: need 1 <= --min-len <= --max-len, got {s['min_len']}, {s['max_len']}"
+                f"seq2seq: need 1 <= --min-len <= --max-len, got {c.min_len}, {c.max_len}"
             )
 
-    def prepare(self, s: dict[str, Any], saved: Path | None) -> DigitData:
-        task = TASKS[s["task"]]
-        held_out = held_out_set(task, s["eval_size"], s["min_len"], s["max_len"], s["seed"])
-        return DigitData(task, s["min_len"], s["max_len"], held_out)
+    def prepare(self, c: DigitsConfig, saved: Path | None) -> DigitData:
+        task = TASKS[c.task]
+        held_out = held_out_set(task, c.eval_size, c.min_len, c.max_len, c.seed)
+        return DigitData(task, c.min_len, c.max_len, held_out)
 
-    def config_fields(self, s: dict[str, Any], data: DigitData) -> dict[str, Any]:
-        max_src, max_tgt = data.task.max_lengths(s["max_len"])
+    def config_fields(self, c: DigitsConfig, data: DigitData) -> dict[str, Any]:
+        max_src, max_tgt = data.task.max_lengths(c.max_len)
         return {
             "max_src_len": max_src,
             "max_tgt_len": max_tgt + 1,  # + EOS
-            "pre_ln": not s["post_ln"],
-            "positions": s["positions"],
+            "pre_ln": not c.post_ln,
+            "positions": c.positions,
         }
 
     def batch(
-        self, s: dict[str, Any], data: DigitData, step: int, rank: int, world_size: int
-    ) -> loop.Batch:
+        self, c: DigitsConfig, data: DigitData, step: int, rank: int, world_size: int
+    ) -> Batch:
         """Fresh pairs (of one source length with --bucket): batch `step` is a function of
         (seed, step), and never holds a held-out source."""
-        rng = np.random.default_rng([s["seed"], 0, step])
+        rng = np.random.default_rng([c.seed, 0, step])
         lengths = data.min_len, data.max_len
-        if s["bucket"]:
-            pairs = same_length_pairs(data.task, rng, s["batch_size"], *lengths)
+        if c.bucket:
+            pairs = same_length_pairs(data.task, rng, c.batch_size, *lengths)
         else:
-            pairs = sample_pairs(data.task, rng, s["batch_size"], *lengths, held_out=False)
+            pairs = sample_pairs(data.task, rng, c.batch_size, *lengths, held_out=False)
         src, tgt_in, tgt_out = (a[rank::world_size] for a in to_arrays(pairs))
         return src, tgt_in, tgt_out, source_keys(src)
 
-    def tokens(self, batch: loop.Batch) -> int:
+    def tokens(self, batch: Batch) -> int:
         src, tgt_in = batch[:2]
         return src.size + tgt_in.size
 
@@ -494,7 +487,7 @@ class Seq2SeqTrainer(loop.Trainer):
         held_out = np.concatenate([encode(t) + [EOS] for _, t in data.held_out])
         return {"val": unigram_baseline(train, held_out, len(VOCAB))}
 
-    def evaluate(self, model: Seq2Seq, data: DigitData, s: dict[str, Any]) -> dict[str, float]:
+    def evaluate(self, model: Seq2Seq, data: DigitData, c: DigitsConfig) -> dict[str, float]:
         """The held-out pairs' loss (teacher forcing, padded and masked) and exact match."""
         nats = count = 0.0
         for i in range(0, len(data.held_out), 500):
@@ -509,19 +502,19 @@ class Seq2SeqTrainer(loop.Trainer):
             f"{len(data.held_out)} held-out sequences"
         )
 
-    def report(self, history: dict[str, Any], data: DigitData, s: dict[str, Any]) -> list[str]:
+    def report(self, history: dict[str, Any], data: DigitData, c: DigitsConfig) -> list[str]:
         return [
             f"exact-match accuracy: {history['eval_exact_match'][-1]:.4f} on "
             f"{len(data.held_out)} held-out sequences"
         ]
 
-    def sample(self, model: Seq2Seq, data: DigitData, s: dict[str, Any]) -> str:
+    def sample(self, model: Seq2Seq, data: DigitData, c: DigitsConfig) -> str:
         src, _ = data.held_out[0]
         out = model.generate(to_arrays(data.held_out[:1])[0], model.config.max_tgt_len)
         return f"e.g. {src} -> {decode(out[0])}"
 
 
-TRAINER = Seq2SeqTrainer()
+TRAINER = Trainer(DigitTasks())
 
 
 def train(
@@ -539,7 +532,8 @@ def train(
     """A model trained by the loop without writing files (the config's max lengths must be
     those of task and max_len)."""
     settings = {
-        **TRAINER.defaults({"task": task.name}),
+        **TRAINER.task.defaults({"task": task.name}),
+        "task": task.name,
         "out": None,
         "steps": steps,
         "batch_size": batch_size,
@@ -557,7 +551,7 @@ def train(
         "eval_every": steps,
         "seed": seed,
     }
-    return TRAINER.fit(settings, quiet=quiet)[0]
+    return TRAINER.fit(DigitsConfig(**settings), quiet=quiet)[0]
 
 
 def main(argv: list[str] | None = None) -> int:

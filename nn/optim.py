@@ -72,7 +72,7 @@ class Optimizer:
 
     def step(self) -> None:
         """Update every parameter that requires grad and received a gradient (frozen: skipped)."""
-        if hooks.RECORDER is not None:  # autograd.compile: replayed (or fused) with the step
+        if hooks.RECORDER is not None:  # autograd.compile: replayed, or fused (fused_update)
             hooks.RECORDER.optimizer_step(self)
         with no_grad():
             for group in self.param_groups:
@@ -82,6 +82,11 @@ class Optimizer:
 
     def _update(self, p: Tensor, grad: np.ndarray, group: dict, state: dict) -> None:
         raise NotImplementedError
+
+    def fused_update(self, trained: Iterable[Tensor]) -> Any:
+        """A compiled step's question (autograd/compile/optimizer.py): this optimizer's update over
+        flat buffers, or None, the default: then the compiled step replays step()."""
+        return None
 
     # --- save / restore ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -175,6 +180,8 @@ class Adam(Optimizer):
 
     t += 1;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
     p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+
+    The arithmetic, eager and compiled: autograd/kernels/adam.py.
     """
 
     decoupled = False  # AdamW: decay the weights directly instead of through the gradient
@@ -197,39 +204,101 @@ class Adam(Optimizer):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
 
-    def flat_update_rule(self) -> dict[str, Any] | None:
-        """The compiled step's optimizer protocol (autograd/compile/lowering.py): the update rule
-        this optimizer's step() applies, which the compiled step may run as one kernel over flat
-        buffers, or None. The engine never imports nn; it asks the optimizer. A subclass that
-        changes the update is not described by the rule: it keeps its own step()."""
+    def fused_update(self, trained: Iterable[Tensor]) -> FlatAdam | None:
+        """Adam(W)'s step as one kernel call per group over flat buffers, for a compiled step
+        (the protocol: autograd/compile/optimizer.py), or None. Moves the parameters there."""
         if type(self).step is not Optimizer.step or type(self)._update is not Adam._update:
+            return None  # a subclass that changes the update keeps its own step()
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        sent = {id(p) for p in trained}
+        if not params or any(id(p) not in sent for p in params):
+            return None  # a parameter without a gradient this step: step() skips it
+        dtypes = {p.dtype for p in params}
+        steps = {self.state.get(p, {}).get("step", 0) for p in params}
+        if len(dtypes) != 1 or len(steps) != 1:
             return None
-        return {"rule": "adam", "decoupled": self.decoupled}
+        return FlatAdam(self, params)
 
     def _update(self, p, grad, group, state):
-        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        from autograd.kernels import adam  # (imports Numba: at the first step, not with nn)
+
         if not state:
             state["step"] = 0
             state["exp_avg"] = np.zeros_like(p.data)
             state["exp_avg_sq"] = np.zeros_like(p.data)
         state["step"] += 1
-        t = state["step"]
-        if wd and self.decoupled:
-            p *= 1.0 - lr * wd
-        elif wd:
-            grad = grad + wd * p.data
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= b1
-        m += (1.0 - b1) * grad
-        v *= b2
-        v += (1.0 - b2) * (grad * grad)
-        # Same value as the formula above, arranged to reuse one temporary array.
-        denom = np.sqrt(v)
-        denom /= math.sqrt(1.0 - b2**t)
-        denom += eps
-        update = np.divide(m, denom, out=denom)
-        update *= lr / (1.0 - b1**t)
-        p -= update
+        lr, betas, eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        c = adam.coefficients(lr, betas, eps, wd, self.decoupled, state["step"])
+        # the numpy reference, not the Numba loop a compiled step runs: eager is what the
+        # compiled-vs-eager tests hold that loop to, bit for bit
+        adam.adam_update_numpy(p.data, grad, state["exp_avg"], state["exp_avg_sq"], c)
+        p.data = p.data  # the setter counts a change: a graph that saved p refuses backward
+
+
+class FlatAdam:
+    """Adam(W)'s step over four flat buffers (parameters, gradients, both moments), one kernel
+    call per parameter group: the fused update of a compiled step (autograd/compile/optimizer.py,
+    FusedUpdate). Made by Adam.fused_update: each parameter's array, its gradient and its moments
+    become views of the flat buffers (state_dict() still reads them), so the backward writes each
+    gradient where the update reads it. The settings are read from the groups at every update
+    (a schedule changes "lr"); the step count from the first parameter's state."""
+
+    def __init__(self, optimizer: Adam, params: list[Tensor]) -> None:
+        dtype, total = params[0].dtype, sum(p.size for p in params)
+        flat = {name: np.zeros(total, dtype) for name in ("param", "grad", "exp_avg", "exp_avg_sq")}
+        self.grad_buffers: list[tuple[Tensor, np.ndarray]] = []  # (parameter, its gradient)
+        self.ranges: list[tuple[dict[str, Any], slice]] = []  # (group, its part of the buffers)
+        offset = 0
+        for group in optimizer.param_groups:
+            start = offset
+            for p in (p for p in group["params"] if p.requires_grad):  # frozen ones stay put
+                view = lambda name, o=offset, p=p: flat[name][o : o + p.size].reshape(p.shape)
+                np.copyto(view("param"), p.data)
+                p.data = view("param")
+                if p.grad is not None:  # the traced call's gradient, moved as well
+                    np.copyto(view("grad"), p.grad)
+                    p.grad = view("grad")
+                self.grad_buffers.append((p, view("grad")))
+                state = optimizer.state.setdefault(p, {})
+                for name in ("exp_avg", "exp_avg_sq"):
+                    if name in state:
+                        np.copyto(view(name), state[name])
+                    state[name] = view(name)
+                state.setdefault("step", 0)
+                offset += p.size
+            self.ranges.append((group, slice(start, offset)))
+        self.flat, self.flat_grad = flat, flat["grad"]
+        self.decoupled, self.params = optimizer.decoupled, params
+        self.states = optimizer.state
+        self.note = (
+            f"{type(optimizer).__name__} fused: one Numba loop over a flat buffer of "
+            f"{len(params)} parameters ({total:,} values), {len(self.ranges)} group(s)"
+        )
+
+    def __call__(self) -> None:
+        self.update()
+        self.count()
+
+    def update(self, part: int = 0, parts: int = 1) -> None:
+        """Update part `part` of `parts` equal pieces of every group (a batch-sharded step runs
+        the pieces on its threads); count() then counts the step."""
+        from autograd.kernels import adam
+
+        t = self.states[self.params[0]]["step"] + 1
+        for group, where in self.ranges:
+            lr, betas, eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            c = adam.coefficients(lr, betas, eps, wd, self.decoupled, t)
+            size = where.stop - where.start
+            piece = slice(
+                where.start + part * size // parts, where.start + (part + 1) * size // parts
+            )
+            flat = [self.flat[name][piece] for name in ("param", "grad", "exp_avg", "exp_avg_sq")]
+            adam.adam_update_numba(*flat, c)
+
+    def count(self) -> None:
+        t = self.states[self.params[0]]["step"] + 1
+        for p in self.params:
+            self.states[p]["step"] = t
 
 
 class AdamW(Adam):

@@ -376,7 +376,7 @@ def test_exact_fusion_replays_eager_bit_for_bit(dtype, size, monkeypatch):
 
 
 def test_an_optimizer_that_changes_the_update_keeps_its_own_step():
-    # The engine fuses only what the optimizer describes (nn.optim.Adam.flat_update_rule); an
+    # The engine fuses only what the optimizer offers (nn.optim.Adam.fused_update); an
     # Adam subclass with its own update is replayed through its own step(), and still matches.
     class ClippedAdam(nn.optim.AdamW):
         def _update(self, p, grad, group, state):
@@ -386,7 +386,7 @@ def test_an_optimizer_that_changes_the_update_keeps_its_own_step():
     for compiled in (False, True):
         model, _, _ = _setup(np.float64)
         optimizer = ClippedAdam(model.parameters(), lr=3e-3)
-        assert optimizer.flat_update_rule() is None
+        assert optimizer.fused_update(model.parameters()) is None
 
         def step(x, y, model=model, optimizer=optimizer):
             optimizer.zero_grad()

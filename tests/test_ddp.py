@@ -25,6 +25,7 @@ import nn
 from models import ddp
 from models.gpt import GPT, GPTConfig
 from models.train import TRAINER as loop
+from models.training.tasks.language import LanguageConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 90
@@ -149,7 +150,7 @@ def two_rank_run(mpi, data_file, tmp_path_factory):
 
 def test_two_ranks_equal_one_process(two_rank_run, data_file, tmp_path):
     reference = loop.train(
-        {**loop.DEFAULTS, **SETTINGS, "data": str(data_file), "out": str(tmp_path / "one")},
+        LanguageConfig(**SETTINGS, data=str(data_file), out=str(tmp_path / "one")),
         quiet=True,
     )
     losses, params = saved(two_rank_run)
@@ -283,6 +284,6 @@ def test_replicas_that_differ_are_named(float64):
 
 
 def test_dropout_is_refused_with_ddp(data_file, tmp_path):
-    settings = {**loop.DEFAULTS, **SETTINGS, "data": str(data_file), "out": str(tmp_path)}
+    settings = LanguageConfig(**SETTINGS, data=str(data_file), out=str(tmp_path), dropout=0.1)
     with pytest.raises(SystemExit, match="--dropout 0.1 is not supported with --ddp"):
-        loop.train({**settings, "dropout": 0.1}, replicas=ddp.DataParallel(FakeComm()))
+        loop.train(settings, replicas=ddp.DataParallel(FakeComm()))

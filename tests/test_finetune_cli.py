@@ -16,7 +16,7 @@ from models import lora as models_lora
 from models.gpt import GPT
 from models.sft import chat_format, chatml, conversation_segments
 from models.tokenizer import load_tokenizer
-from models.train import TRAINER
+from models.train import LANGUAGE, TRAINER
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
@@ -63,11 +63,11 @@ def test_init_from_takes_the_checkpoints_shape_and_starts_from_its_weights(base)
     directory, data = base
     argv = ["--init-from", str(directory), "--data", str(data), *TINY, "--out", ""]
     settings = _settings(argv)
-    assert (settings["n_layer"], settings["n_head"], settings["n_embd"]) == (2, 2, 16)
-    settings["out"] = None
+    assert (settings.n_layer, settings.n_head, settings.n_embd) == (2, 2, 16)
+    settings.out = None
     model, history = TRAINER.fit(settings, quiet=True)
     assert (model.config.n_layer, model.config.n_embd) == (2, 16)  # not the defaults 4, 128
-    x, y = TRAINER.batch(settings, TRAINER.prepare(settings, directory), 0, 0, 1)
+    x, y = LANGUAGE.batch(settings, LANGUAGE.prepare(settings, directory), 0, 0, 1)
     start = GPT.from_pretrained(directory, dtype=np.float64)(x, y)[1].item()
     assert abs(history["loss"][0] - start) <= 1e-12 * start  # step 0: the checkpoint's model
     with pytest.raises(SystemExit, match=r"shape \(n_layer 2\); cannot change --n-layer 4"):
@@ -127,11 +127,11 @@ def test_grad_accum_gives_the_update_of_one_larger_batch(base, compile, monkeypa
     directory, data = base
     argv = ["--init-from", str(directory), "--data", str(data), *TINY, "--out", ""]
     runs, rows_seen = [], []
-    loss = TRAINER.loss
-    monkeypatch.setattr(TRAINER, "loss", lambda m, *b: rows_seen.append(len(b[0])) or loss(m, *b))
+    loss = LANGUAGE.loss
+    monkeypatch.setattr(LANGUAGE, "loss", lambda m, *b: rows_seen.append(len(b[0])) or loss(m, *b))
     for rows, micro in (("4", "1"), ("2", "2")):
         settings = _settings([*argv, "--batch-size", rows, "--grad-accum", micro])
-        settings["out"] = None
+        settings.out = None
         rows_seen.clear()
         runs.append(TRAINER.fit(settings, quiet=True, compile=compile))
         assert set(rows_seen) == {int(rows)}  # the forward sees micro-batches of --batch-size

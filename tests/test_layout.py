@@ -1,4 +1,4 @@
-"""The layers import one way (autograd < nn < models < benchmarks, ../shared/DESIGN.md): nothing
+"""The layers import one way (autograd < nn < models < benchmarks, docs/design.md): nothing
 imports a layer above its own, at the top of a file or inside a function."""
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ wrong. The language is always set explicitly (the machine's locale never matters
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from pathlib import Path
@@ -20,7 +21,6 @@ from models.learn.text import default_lang
 from models.learn.workspace import start
 from models.train import TRAINER
 
-SOLUTIONS = Path(__file__).resolve().parent.parent / "models" / "learn" / "solutions"
 # The capstone's GPT shrunk for CI (the demo's own config runs 3 steps in its own test): the same
 # corpus, batches, optimizer and schedule. 20 steps: exercise 6's missing 1/n first shows at 13.
 SMALL = {"settings": demo_settings(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4)}
@@ -231,7 +231,7 @@ WRONG = [
 
 def write_solution(directory: Path, number: int, old: str | None = None, new: str = "") -> None:
     exercise = BY_NUMBER[number]
-    text = (SOLUTIONS / exercise.file).read_text(encoding="utf-8")
+    text = (exercise.folder / "solution.py").read_text(encoding="utf-8")
     if old is not None:
         assert old in text, f"{exercise.file}: {old!r} not in the reference"
         text = text.replace(old, new)
@@ -342,7 +342,7 @@ def test_the_capstone_trains_the_demo_gpt(solved):
     lines = run_pieces(_pieces(solved), "en", steps=3, progress=shown.append)
     assert "trained 3 steps" in lines[-1] and STEPS == 200
     args = TRAINER.build_parser().parse_args(["--dtype", "float64"])
-    settings = {**TRAINER.resolve_settings(args), "out": None}  # out None: nothing written
+    settings = dataclasses.replace(TRAINER.resolve_settings(args), out=None)  # nothing written
     stop, steps_run = threading.Event(), []
 
     def after_backward(params):  # the loop's own stop request: it ends after the third step
@@ -362,7 +362,7 @@ def test_the_capstone_trains_the_demo_gpt(solved):
     # past the warmup too, the learning rates are those of the demo's whole run, not of 200 steps
     run = DemoRun(demo_settings(n_layer=1, n_embd=8, n_head=2))
     for step in (0, 60, 150, STEPS - 1):
-        args = (settings["lr"], settings["warmup"], settings["steps"], settings["min_lr"])
+        args = (settings.lr, settings.warmup, settings.steps, settings.min_lr)
         assert run.lr(step) == nn.optim.cosine_with_warmup(step, *args)
 
 

@@ -1,6 +1,6 @@
-"""The one training loop (models/loop.py) trains every model kind: the GPT, the encoder and the
-encoder-decoder each train a few steps through it, compiled or eager, and a run cut short and
-resumed continues bit for bit as the uninterrupted one."""
+"""The one training loop (models/training/loop.py) trains every model kind: the GPT, the encoder
+and the encoder-decoder each train a few steps through it, compiled or eager, and a run cut short
+and resumed continues bit for bit as the uninterrupted one."""
 
 import json
 
@@ -10,6 +10,7 @@ import pytest
 import nn
 from models import encoder, seq2seq, train
 from models.seq2seq import PAD
+from models.training.loop import Trainer
 from tests.test_train import _StopAfter as StopAfter
 
 TEXT = "def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n    y = 2\n\n" * 30
@@ -71,7 +72,7 @@ def test_each_kind_trains_and_resumes_bit_exactly(kind, compiled, data_file, tmp
 @pytest.mark.parametrize("kind", ["encoder", "seq2seq"])
 def test_compiled_steps_follow_the_eager_ones(kind, data_file, tmp_path):
     trainer, s = settings(kind, data_file, None)
-    s["out"] = None  # nothing written
+    s.out = None  # nothing written
     eager = trainer.train(s, quiet=True, compile=False)
     compiled = trainer.train(s, quiet=True)
     assert compiled["compiled"] and not eager["compiled"]
@@ -84,9 +85,9 @@ def test_padded_seq2seq_batches_compile_with_each_batchs_own_mask(tmp_path):
     # the batch (seq2seq.source_keys) as a step argument, so each replay masks its own batch's
     # padding; a mask computed inside the step would be a constant of the first trace.
     trainer, s = settings("seq2seq", None, tmp_path / "run", "--steps", "6", "--dtype", "float64")
-    s["bucket"], s["eval_every"] = False, 100
-    data = trainer.prepare(s, None)
-    batches = [trainer.batch(s, data, step, 0, 1) for step in range(6)]
+    s.bucket, s.eval_every = False, 100
+    data = trainer.task.prepare(s, None)
+    batches = [trainer.task.batch(s, data, step, 0, 1) for step in range(6)]
     assert all((b[0] == PAD).any() for b in batches)
     assert len({b[0].shape for b in batches}) < 6  # some shapes come back: those steps replay
     eager = trainer.train(s, quiet=True, compile=False)
@@ -120,8 +121,9 @@ def test_fused_plans_of_several_batch_shapes_resume_bit_exactly(tmp_path):
     # With fusion each new batch shape's plan moves the parameters into its own flat buffer, so
     # the previous shape's plan traces again when its shape comes back: that call too must be
     # traced, undone and replayed, not left as the traced (eager) step.
-    trainer = seq2seq.Seq2SeqTrainer()
-    trainer.fusion = True
+    task = seq2seq.DigitTasks()
+    task.fusion = True
+    trainer = Trainer(task)
     _, full_settings = settings("seq2seq", None, tmp_path / "full")
     full = trainer.train(full_settings, quiet=True)
     _, cut_settings = settings("seq2seq", None, tmp_path / "cut")
@@ -139,10 +141,10 @@ def test_each_rank_takes_its_rows_of_the_one_global_batch(kind, data_file, tmp_p
     # --ddp: rank r of n takes rows r, r + n, ... of what one process draws, every array alike
     # (the encoder's masks and targets too), so the ranks together train on the same batch.
     trainer, s = settings(kind, data_file, tmp_path)
-    data = trainer.prepare(s, None)
-    whole = trainer.batch(s, data, 5, 0, 1)
+    data = trainer.task.prepare(s, None)
+    whole = trainer.task.batch(s, data, 5, 0, 1)
     for rank in range(2):
-        part = trainer.batch(s, data, 5, rank, 2)
+        part = trainer.task.batch(s, data, 5, rank, 2)
         assert len(part) == len(whole)
         for mine, all_rows in zip(part, whole, strict=True):
             np.testing.assert_array_equal(mine, all_rows[rank::2])

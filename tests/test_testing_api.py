@@ -1,5 +1,5 @@
 """autograd.testing, the public checker: its examples run, it imports without hypothesis, and it
-catches a wrong backward of an op written outside glassgrad (the README's Softplus)."""
+catches a wrong backward of an op written outside glassgrad (CONTRIBUTING.md's Softplus)."""
 
 import doctest
 import subprocess

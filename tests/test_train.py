@@ -1,5 +1,6 @@
 """The training job: loss falls, determinism, exact resume, Ctrl-C, checkpoint files, sampling."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -13,6 +14,8 @@ from models import sample, train
 from models.gpt import GPT
 from models.tokenizer import CharTokenizer
 from models.train import TRAINER as loop
+from models.training.loop import stop_on_interrupt
+from models.training.tasks.language import LanguageConfig
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n"
@@ -30,7 +33,6 @@ def data_file(tmp_path):
 
 def tiny_settings(data_file, out, **overrides):
     settings = {
-        **loop.DEFAULTS,
         "data": str(data_file),
         "out": str(out),
         "steps": 12,
@@ -47,7 +49,7 @@ def tiny_settings(data_file, out, **overrides):
         "sample_tokens": 0,
     }
     settings.update(overrides)
-    return settings
+    return LanguageConfig(**settings)
 
 
 def test_short_run_loss_falls(data_file, tmp_path):
@@ -162,14 +164,16 @@ def test_resume_detects_a_save_cut_short(data_file, tmp_path):
     state["step"] = 8
     state_path.write_text(json.dumps(state))
     with pytest.raises(SystemExit, match="inconsistent"):
-        loop.train({**settings, "steps": 10}, resume=True, quiet=True)
+        loop.train(dataclasses.replace(settings, steps=10), resume=True, quiet=True)
     with pytest.raises(SystemExit, match="no checkpoint"):
-        loop.train({**settings, "out": str(tmp_path / "none")}, resume=True, quiet=True)
+        loop.train(
+            dataclasses.replace(settings, out=str(tmp_path / "none")), resume=True, quiet=True
+        )
 
 
 def test_first_ctrl_c_requests_a_stop_second_interrupts():
     before = signal.getsignal(signal.SIGINT)  # (a background job starts with SIGINT ignored)
-    with loop.stop_on_interrupt() as stop:
+    with stop_on_interrupt() as stop:
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.wait(5)
         with pytest.raises(KeyboardInterrupt):

@@ -5,6 +5,7 @@ memory, replay it. Read in this order:
     plan.py       plan: a slot per value, liveness, the arena, one closure per replay step
     lowering.py   the ops a plan runs into arena buffers with out=, and the fusions
     shard.py      the batch split over threads, one plan per shard
+    optimizer.py  how a plan asks the optimizer for its update over flat buffers
     compiler.py   compile(): one plan per argument signature, trace on the first call, replay
 
 `autograd.compile` is the function (compiler.compile); this package is `autograd.compile`'s home,

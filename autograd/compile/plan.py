@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from autograd.compile import lowering
+from autograd.compile.optimizer import fused_update
 from autograd.compile.recorder import Node, Recompute, Recorder, Segment, Value
 from autograd.tensor import Tensor
 
@@ -139,7 +140,7 @@ class Plan:
             with_grad = leaves_with_grad(rec)
             for entry in rec.program:
                 if entry[0] == "optimizer":
-                    step = lowering.flat_optimizer(self, entry[1], with_grad)
+                    step = fused_update(self, entry[1], with_grad)
                     if step is not None:
                         self.fused[id(entry[1])] = step
         self._build(rec)

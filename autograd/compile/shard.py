@@ -40,7 +40,7 @@ import numpy as np
 
 from autograd import functional as F
 from autograd import ops
-from autograd.compile import lowering
+from autograd.compile.optimizer import fused_update
 from autograd.compile.plan import (
     Plan,
     blas_threads,
@@ -222,7 +222,7 @@ class ShardRole:
 
 
 class _Leaves:
-    """The leaves' slots, as lowering.flat_optimizer reads and writes them on a Plan."""
+    """The leaves' slots, as optimizer.fused_update reads and writes them on a Plan."""
 
     def __init__(self, rec: Recorder) -> None:
         self.leaves = sorted((v for v in rec.recorded if v.kind == "leaf"), key=lambda v: v.id)
@@ -291,7 +291,7 @@ class ShardedPlan:
         with_grad = leaves_with_grad(rec)
         slots = _Leaves(rec)
         optimizers = [e[1] for e in post if e[0] == "optimizer"]
-        fused = {id(o): lowering.flat_optimizer(slots, o, with_grad) for o in optimizers}
+        fused = {id(o): fused_update(slots, o, with_grad) for o in optimizers}
         flat = [step.flat_grad for step in fused.values() if step is not None]
         self.shards: list[Plan] = []
         self.reduce: list[tuple[np.ndarray, np.ndarray]] = []  # (the gradient, a shard's part)

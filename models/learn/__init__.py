@@ -4,6 +4,7 @@
 matmul, elementwise ops and reductions, the backward loop, softmax, cross-entropy, layernorm,
 embedding, attention, AdamW); `check DIR N` plugs the learner's functions into the engine in
 place of glassgrad's own (models/learn/plug.py) and grades them with autograd.testing.check_op,
-naming the classic mistake when it recognises one (models/learn/grader.py). docs/learn.md walks
-the track.
+naming the classic mistake when it recognises one (models/learn/grader.py). Each exercise is one
+folder of models/learn/exercises/ (its text, stub, solution, cases, diagnoses). docs/learn.md
+walks the track.
 """

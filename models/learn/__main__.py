@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from models.learn.capstone import CapstoneFailed, run_pieces
+from models.learn.checks import Failed
 from models.learn.exercises import BY_NUMBER, CAPSTONE, EXERCISES
-from models.learn.grader import Failed, Report, grade, load
+from models.learn.grader import Report, grade, load
 from models.learn.text import LANGS, default_lang, say
 from models.learn.workspace import PROGRESS, load_progress, save_progress, start
 
@@ -106,8 +107,7 @@ def solution(n: int, lang: str, workspace: Path | None) -> list[str]:
         if n not in progress["passed"] and progress["hints"].get(str(n), 0) < 3:
             return [say("solution_locked", lang, n=n)]
     exercise = BY_NUMBER[n]
-    module = importlib.import_module(f"models.learn.solutions.{exercise.module}")
-    lines = [say("solution_reference", lang), inspect.getsource(module)]
+    lines = [say("solution_reference", lang), inspect.getsource(exercise.part("solution"))]
     for where in exercise.engine:
         module_name, qualname = where.split(":")
         obj = importlib.import_module(module_name)

@@ -6,7 +6,7 @@ backward loop, softmax, cross-entropy, layernorm, embedding, attention, AdamW):
 1. the notes' ch. 11 worked example must give L 2.541928 -> 1.761382 after one step of gradient
    descent;
 2. the demo GPT, the model `make demo` / `python -m models.train` trains, with the training
-   code's own defaults (models/train.py and models/loop.py: its config, the stdlib corpus, the
+   code's own defaults (models/training/: its LanguageConfig, the stdlib corpus, the
    character tokenizer, the batches, AdamW with its schedule and gradient clipping), trained
    eagerly in float64 for its first 200 steps, must produce glassgrad's own losses to 1e-9 at
    every step.
@@ -18,6 +18,7 @@ that differs, each exercise's pieces are tried alone on glassgrad's state to nam
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from functools import partial
@@ -28,11 +29,12 @@ import numpy as np
 import autograd
 import nn
 from autograd.compile.plan import one_blas_thread
-from models import loop
 from models.learn.exercises import EXERCISES
 from models.learn.plug import plugged
 from models.learn.text import say
-from models.train import TRAINER
+from models.train import LANGUAGE, TRAINER
+from models.training.step import Batch, EagerTrainStep, param_groups
+from models.training.tasks.language import LanguageConfig
 from models.worked_example import WorkedExample
 
 NOTES_L = (2.541928, 1.761382)  # notes 11.3 and 11.6, 6 decimals
@@ -47,46 +49,46 @@ class CapstoneFailed(Exception):
         self.line, self.diagnosis = line, diagnosis
 
 
-def demo_settings(**overrides: Any) -> dict[str, Any]:
+def demo_settings(**overrides: Any) -> LanguageConfig:
     """What `python -m models.train --dtype float64` runs with (the loop resolves the GPT's
     defaults as for the command line; float64: the capstone's 1e-9 is a float64 bar), with
     `overrides` (the tests' smaller GPT)."""
     args = TRAINER.build_parser().parse_args(["--dtype", "float64"])
-    return {**TRAINER.resolve_settings(args), **overrides}
+    return dataclasses.replace(TRAINER.resolve_settings(args), **overrides)
 
 
 class DemoRun:
     """models.train's run, one eager step at a time: the corpus, tokenizer, batches and model are
     the GPT trainer's (models/train.py), the optimizer, schedule, clipping and step the loop's
-    (models/loop.py Trainer.fit, train_step)."""
+    (models/training/: Trainer.fit, train_step)."""
 
-    def __init__(self, settings: dict[str, Any]):
+    def __init__(self, settings: LanguageConfig):
         self.settings = settings
-        self.data = TRAINER.prepare(settings, None)
-        self.model = TRAINER.build(settings, self.data)
-        groups = loop.param_groups(self.model, settings["weight_decay"])
-        self.optimizer = nn.optim.AdamW(groups, lr=settings["lr"], betas=TRAINER.betas)
+        self.data = LANGUAGE.prepare(settings, None)
+        self.model = LANGUAGE.build(settings, self.data)
+        groups = param_groups(self.model, settings.weight_decay)
+        self.optimizer = nn.optim.AdamW(groups, lr=settings.lr, betas=LANGUAGE.betas)
         self.model.train()
 
-    def batch(self, step: int) -> loop.Batch:
-        return TRAINER.batch(self.settings, self.data, step, rank=0, world_size=1)
+    def batch(self, step: int) -> Batch:
+        return LANGUAGE.batch(self.settings, self.data, step, rank=0, world_size=1)
 
     def lr(self, step: int) -> float:
         """The learning rate at `step` of the whole run (warmup, then cosine over its steps):
         the capstone's 200 steps are the first of the demo's."""
         s = self.settings
-        return nn.optim.cosine_with_warmup(step, s["lr"], s["warmup"], s["steps"], s["min_lr"])
+        return nn.optim.cosine_with_warmup(step, s.lr, s.warmup, s.steps, s.min_lr)
 
     def step(self, step: int) -> float:
         """Train on batch `step` at that step's learning rate; returns the batch's loss."""
-        loss_fn = partial(TRAINER.loss, self.model)
-        lr, clip = self.lr(step), self.settings["grad_clip"]
-        return loop.train_step(loss_fn, self.optimizer, self.batch(step), lr, clip)[0]
+        loss_fn = partial(LANGUAGE.loss, self.model)
+        train_step = EagerTrainStep(loss_fn, self.optimizer, self.settings.grad_clip)
+        return train_step(self.batch(step), self.lr(step))[0]
 
     def loss(self, step: int) -> float:
         """The loss on batch `step` without training (the next step's loss, before it runs)."""
         with autograd.no_grad():
-            return TRAINER.loss(self.model, *self.batch(step)).item()
+            return LANGUAGE.loss(self.model, *self.batch(step)).item()
 
     def state(self) -> tuple[dict, dict]:
         return (
@@ -119,7 +121,7 @@ def worked_example_losses() -> tuple[float, float]:
 
 def _by_exercise(functions: dict[str, Callable]) -> dict[int, dict[str, Callable]]:
     return {
-        e.number: {f.name: functions[f.name] for f in e.functions if f.name in functions}
+        e.number: {name: functions[name] for name in e.functions if name in functions}
         for e in EXERCISES
     }
 
@@ -177,7 +179,7 @@ def _ch11(pieces: dict[int, dict[str, Callable]], lang: str) -> str:
 
 
 def _alone(
-    settings: dict[str, Any], state: tuple[dict, dict], step: int, expected_next: float
+    settings: LanguageConfig, state: tuple[dict, dict], step: int, expected_next: float
 ) -> Callable[[], float]:
     """For _causes: from glassgrad's `state` before `step`, run that step; how far is the next
     step's loss then from glassgrad's `expected_next`?"""
@@ -194,7 +196,7 @@ def _alone(
 def _gpt(
     pieces: dict[int, dict[str, Callable]],
     lang: str,
-    settings: dict[str, Any],
+    settings: LanguageConfig,
     steps: int,
     progress: Callable[[str], None],
 ) -> str:
@@ -213,13 +215,13 @@ def _gpt(
             model=model.describe(),
             params=model.num_parameters(),
             source=ours.data.corpus.source,
-            tokenizer=s["tokenizer"],
-            batch=s["batch_size"],
-            block=s["block_size"],
-            lr=s["lr"],
-            warmup=s["warmup"],
-            total=s["steps"],
-            clip=s["grad_clip"],
+            tokenizer=s.tokenizer,
+            batch=s.batch_size,
+            block=s.block_size,
+            lr=s.lr,
+            warmup=s.warmup,
+            total=s.steps,
+            clip=s.grad_clip,
             steps=steps,
         )
     )
@@ -275,7 +277,7 @@ def _gpt(
 def run_pieces(
     functions: dict[str, Callable],
     lang: str,
-    settings: dict[str, Any] | None = None,
+    settings: LanguageConfig | None = None,
     steps: int = STEPS,
     progress: Callable[[str], None] = lambda line: None,
 ) -> list[str]:

@@ -57,22 +57,16 @@ L 2.541928 -> 1.761382），以及演示 GPT（`python -m models.train` 的默�
 
 
 def stub(exercise: Exercise, lang: str) -> str:
-    """The exercise file as `start` writes it: the statement, then each function to write."""
+    """The exercise file as `start` writes it: the folder's stub.py with the statement as its
+    docstring."""
     if lang == "zh":
         header = f"练习 {exercise.number}：{exercise.title[lang]}（笔记 {exercise.sections}）"
     else:
         header = f"Exercise {exercise.number}: {exercise.title[lang]} (notes {exercise.sections})"
     body = _wrap(exercise.statement[lang])
-    parts = [f'"""{header}\n\n{body}\n"""\n']
-    if exercise.imports:
-        parts.append("\n" + exercise.imports)
-    for f in exercise.functions:
-        parts.append(
-            f"\n\ndef {f.name}({f.signature}):\n"
-            f'    """{f.shapes}"""\n'
-            f'    raise NotImplementedError("exercise {exercise.number}: write {f.name}")\n'
-        )
-    return "".join(parts)
+    stub_py = (exercise.folder / "stub.py").read_text(encoding="utf-8")
+    code = stub_py.split('"""', 2)[2]  # what follows its docstring
+    return f'"""{header}\n\n{body}\n"""{code}'
 
 
 _TOKEN = re.compile(r"[\u2e80-\uffff]|[^\s\u2e80-\uffff]+|\s+")  # a CJK character, a word, spaces
