@@ -32,6 +32,7 @@ from nn.attention import (
     RotaryPositions,
     SelfAttention,
     grouped_attention,
+    make_mlp,
     make_norm,
 )
 from nn.checkpoint import (
@@ -117,6 +118,7 @@ __all__ = [
     "grouped_attention",
     "linear",
     "load_adapter",
+    "make_mlp",
     "make_norm",
     "load_checkpoint",
     "load_safetensors",

@@ -6,14 +6,15 @@ The three architectures differ in who may read whom (notes 8.7):
 - encoder-decoder: the decoder's causal self-attention, then cross-attention: Q from the decoder
   stream, K/V from the encoder's output (the memory), so the weights are target x source.
 All of them are `Attention`; `CausalSelfAttention`, `SelfAttention` and `CrossAttention` only fix
-its settings and the call signature. The same class covers the variants the open models use:
+its settings and the call signature. The same class covers the pieces the open models use:
 rotary positions (notes 8.6), fewer K/V heads than query heads (notes 8.1: grouped-query, or
-multi-query with one K/V head), biases on q/k/v only (Qwen2), and a KV cache for generation.
+multi-query with one K/V head), biases on q/k/v only, and a KV cache for generation.
 
-Parameter names follow Hugging Face: GPT-2's fused `c_attn` (C, 3C) = W_Q | W_K | W_V and
-`c_proj` = W_O (layout "gpt2"; cross-attention: `c_q` and `c_kv`), or Llama's `q_proj`, `k_proj`,
-`v_proj`, `o_proj` (layout "llama"). Weights are glassgrad's row-vector (in, out) either way.
-Shapes: B batch, T positions, C = n_embd, H query heads, Hkv K/V heads, D per head.
+Parameter names are glassgrad's own (the names of every checkpoint it writes): the fused
+`c_attn` (C, 3C) = W_Q | W_K | W_V and `c_proj` = W_O (cross-attention: `c_q` and `c_kv`).
+A model family that stores its projections otherwise subclasses Attention and makes its own
+(models.architectures.llama). Weights are row-vector (in, out). Shapes: B batch, T positions, C =
+n_embd, H query heads, Hkv K/V heads, D per head.
 
 key_mask is an allowed set like the causal mask (notes 7.4): a boolean (B, Tk) array, True where
 the key is a real token; every row needs at least one.
@@ -136,7 +137,7 @@ def _attention_mask(layer: str, key_mask: Any, batch: int, n_keys: int) -> Any:
     return None if mask.all() else mask[:, None, None, :]
 
 
-def _split_heads(t: Tensor, n_head: int) -> Tensor:
+def split_heads(t: Tensor, n_head: int) -> Tensor:
     """(B, T, H * D) -> (B, H, T, D): column block h is head h (notes 8.1)."""
     B, T, C = t.shape
     return t.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
@@ -168,6 +169,10 @@ class Attention(Module):
     RotaryPositions shared by the model's layers, True for tables of max_len of this layer's own,
     or False. qkv_bias (default bias): biases on the q/k/v projections; bias: on W_O.
 
+    The projections are made by make_projections and read by queries, memory_kv and self_qkv
+    (q, k, v of x itself) and c_proj (W_O); a subclass that stores W_Q, W_K, W_V apart overrides
+    them (models.architectures.llama.LlamaAttention).
+
     Two settings for measuring attention (models/lab), off by default:
     - score_scale: the factor of q.k in the scores instead of 1/sqrt(D) (notes 7.1, 7.3), applied
       to q before the fused kernel, so that a compiled training step runs it too;
@@ -189,7 +194,6 @@ class Attention(Module):
         head_dim: int | None = None,
         causal: bool = True,
         cross: bool = False,
-        layout: str = "gpt2",
         rotary: bool | RotaryPositions = False,
         max_len: int = 1024,
         bias: bool = True,
@@ -205,76 +209,73 @@ class Attention(Module):
             raise ValueError(f"{name}: n_embd {n_embd} must be divisible by n_head {n_head}")
         if n_kv_head < 1 or n_head % n_kv_head:
             raise ValueError(f"{name}: n_kv_head {n_kv_head} must divide n_head {n_head}")
-        if layout not in ("gpt2", "llama"):
-            raise ValueError(f"{name}: layout must be 'gpt2' or 'llama', got {layout!r}")
-        if layout == "gpt2" and not cross and n_kv_head != n_head:
-            raise ValueError(f"{name}: GPT-2's fused c_attn needs n_kv_head == n_head")
         rng = _rng(rng)
         self.n_embd, self.n_head, self.n_kv_head = n_embd, n_head, n_kv_head
         self.head_dim = n_embd // n_head if head_dim is None else head_dim
-        self.causal, self.cross, self.layout = causal, cross, layout
-        q_width, kv_width = n_head * self.head_dim, n_kv_head * self.head_dim
-        qkv_bias = bias if qkv_bias is None else qkv_bias
-        if layout == "llama":
-            self.q_proj = Linear(n_embd, q_width, bias=qkv_bias, rng=rng)
-            self.k_proj = Linear(n_embd, kv_width, bias=qkv_bias, rng=rng)
-            self.v_proj = Linear(n_embd, kv_width, bias=qkv_bias, rng=rng)
-        elif cross:
-            self.c_q = Linear(n_embd, q_width, bias=qkv_bias, rng=rng)
-            self.c_kv = Linear(n_embd, 2 * kv_width, bias=qkv_bias, rng=rng)
-        else:
-            self.c_attn = Linear(n_embd, 3 * q_width, bias=qkv_bias, rng=rng)
-        out = residual_projection(q_width, n_embd, bias, rng, n_layer)
-        self.add_module("o_proj" if layout == "llama" else "c_proj", out, role="c_proj")
+        self.causal, self.cross = causal, cross
+        self.make_projections(bias if qkv_bias is None else qkv_bias, bias, rng, n_layer)
         self.resid_dropout = Dropout(dropout, rng=child_rng(rng))
         if rotary is True:
             rotary = RotaryPositions(self.head_dim, max_len)
         self.rotary = rotary or None
 
-    # --- the projections, per layout ----------------------------------------------------------
+    # --- the projections: W_Q | W_K | W_V in one matrix (a subclass may store them apart) ------
+    def make_projections(
+        self, qkv_bias: bool, bias: bool, rng: np.random.Generator, n_layer: int
+    ) -> None:
+        """W_Q | W_K | W_V as one Linear c_attn (C, 3 H D): one product, measured faster than
+        three on column slices. Cross-attention: W_Q as c_q, W_K | W_V as c_kv. W_O: c_proj."""
+        q_width, kv_width = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        if self.cross:
+            self.c_q = Linear(self.n_embd, q_width, bias=qkv_bias, rng=rng)
+            self.c_kv = Linear(self.n_embd, 2 * kv_width, bias=qkv_bias, rng=rng)
+        elif self.n_kv_head != self.n_head:
+            raise ValueError(f"{type(self).__name__}: the fused c_attn needs n_kv_head == n_head")
+        else:
+            self.c_attn = Linear(self.n_embd, 3 * q_width, bias=qkv_bias, rng=rng)
+        self.c_proj = residual_projection(q_width, self.n_embd, bias, rng, n_layer)
+
     def _check(self, what: str, x: Tensor) -> None:
         if x.ndim != 3 or x.shape[-1] != self.n_embd:
             raise ValueError(
                 f"{type(self).__name__}: {what} must be (B, T, n_embd={self.n_embd}), got {x.shape}"
             )
 
-    def _queries(self, x: Tensor) -> Tensor:
-        return _split_heads((self.q_proj if self.layout == "llama" else self.c_q)(x), self.n_head)
+    def queries(self, x: Tensor) -> Tensor:
+        """Cross-attention's queries (B, H, Tq, D) of the decoder stream x."""
+        return split_heads(self.c_q(x), self.n_head)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values (B, Hkv, Tk, D) of what is attended to: a cross-attention's memory (the
         encoder output; during generation projected once and passed as memory_kv)."""
         self._check("memory", memory)
-        if self.layout == "llama":
-            return _split_heads(self.k_proj(memory), self.n_kv_head), _split_heads(
-                self.v_proj(memory), self.n_kv_head
-            )
         B, Tk, _ = memory.shape
         kv = self.c_kv(memory).reshape(B, Tk, 2, self.n_kv_head, self.head_dim)
         kv = kv.transpose(2, 0, 3, 1, 4)
         return kv[0], kv[1]
 
+    def self_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's q, k, v (B, H, T, D) of x: one (C, 3C) product, whose columns
+        [q | k | v] split into heads: (B, T, 3, H, D) -> (3, B, H, T, D)."""
+        B, T, _ = x.shape
+        qkv = self.c_attn(x).reshape(B, T, 3, self.n_head, self.head_dim).transpose(2, 0, 3, 1, 4)
+        return qkv[0], qkv[1], qkv[2]
+
     def _project(
         self, x: Tensor, memory: Tensor | None, memory_kv: tuple[Tensor, Tensor] | None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """q (B, H, Tq, D) from x; k, v (B, Hkv, Tk, D) from x, or from the memory."""
-        if self.cross:
-            if (memory is None) == (memory_kv is None):
-                raise ValueError(f"{type(self).__name__}: pass exactly one of memory and memory_kv")
-            k, v = self.memory_kv(memory) if memory_kv is None else memory_kv
-            if x.shape[0] != k.shape[0]:
-                raise ValueError(
-                    f"{type(self).__name__}: x {x.shape} and the memory's keys {k.shape} must "
-                    "have the same batch size"
-                )
-            return self._queries(x), k, v
-        if self.layout == "llama":
-            return self._queries(x), *self.memory_kv(x)
-        # GPT-2: one (C, 3C) product; its columns [q | k | v] split into heads: (B, T, 3, H, D)
-        # -> (3, B, H, T, D). (Measured faster than three (C, C) products on column slices of W.)
-        B, T, _ = x.shape
-        qkv = self.c_attn(x).reshape(B, T, 3, self.n_head, self.head_dim).transpose(2, 0, 3, 1, 4)
-        return qkv[0], qkv[1], qkv[2]
+        if not self.cross:
+            return self.self_qkv(x)
+        if (memory is None) == (memory_kv is None):
+            raise ValueError(f"{type(self).__name__}: pass exactly one of memory and memory_kv")
+        k, v = self.memory_kv(memory) if memory_kv is None else memory_kv
+        if x.shape[0] != k.shape[0]:
+            raise ValueError(
+                f"{type(self).__name__}: x {x.shape} and the memory's keys {k.shape} must "
+                "have the same batch size"
+            )
+        return self.queries(x), k, v
 
     # --- attention ----------------------------------------------------------------------------
     def attend(
@@ -378,16 +379,9 @@ class CrossAttention(Attention):
 
 # --- the block (notes 8.5) ----------------------------------------------------------------------
 
-# Llama's names for the parts GPT-2 calls ln_1, attn, ln_2 (the block's forward reads GPT-2's).
-LLAMA_BLOCK_NAMES = {
-    "ln_1": "input_layernorm",
-    "attn": "self_attn",
-    "ln_2": "post_attention_layernorm",
-}
-
 
 def make_norm(kind: str, n: int, eps: float = 1e-5, bias: bool = True) -> Module:
-    """LayerNorm (GPT-2, notes 8.4) or RMSNorm (Llama: no centring, no bias)."""
+    """LayerNorm (notes 8.4) or RMSNorm (no centring, no bias)."""
     if kind == "layernorm":
         return LayerNorm(n, eps=eps, bias=bias)
     if kind == "rmsnorm":
@@ -395,17 +389,34 @@ def make_norm(kind: str, n: int, eps: float = 1e-5, bias: bool = True) -> Module
     raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
 
 
+def make_mlp(
+    kind: str,
+    n_embd: int,
+    hidden: int | None,
+    bias: bool,
+    dropout: float,
+    rng: np.random.Generator,
+    n_layer: int,
+) -> Module:
+    """The feed-forward network of a block (notes 8.2): "gelu", MLP (c_fc, c_proj), or "swiglu",
+    GatedMLP, of `hidden` units (default 4 * n_embd)."""
+    if kind == "gelu":
+        return MLP(n_embd, dropout, bias, rng=rng, n_layer=n_layer, hidden=hidden)
+    if kind == "swiglu":
+        return GatedMLP(n_embd, hidden or 4 * n_embd, bias, rng, n_layer)
+    raise ValueError(f"Block: mlp must be 'gelu' or 'swiglu', got {kind!r}")
+
+
 class Block(Module):
     """One Transformer layer (notes 8.5): self-attention, optionally cross-attention to a memory
     (the 2017 decoder's), then the MLP; each a residual branch with its norm.
 
     pre_ln=True (GPT-2, Llama):  x = x + attn(ln_1(x));  [x = x + cross_attn(ln_2(x), memory)];
-                                 x = x + mlp(ln(x)).
-    pre_ln=False (Post-LN, the 2017 paper):  x = ln_1(x + attn(x));  ...;  x = ln(x + mlp(x)).
-    Settings: causal (decoder) or not (encoder); norm "layernorm" | "rmsnorm" (eps); mlp "gelu"
-    (c_fc, c_proj) | "swiglu" (gate_proj, up_proj, down_proj) of ffn_hidden units (default
-    4 * n_embd); attention settings (n_kv_head, rotary, qkv_bias, ...) go to Attention. layout
-    "llama" names the parts as Llama does (LLAMA_BLOCK_NAMES).
+                                 x = x + mlp(ln_mlp(x)).
+    pre_ln=False (Post-LN, the 2017 paper):  x = ln_1(x + attn(x));  ...;  x = ln_mlp(x + mlp(x)).
+    ln_mlp is ln_2, or ln_3 after a cross-attention. Settings: causal (decoder) or not (encoder);
+    norm "layernorm" | "rmsnorm" (eps); mlp "gelu" | "swiglu" of ffn_hidden units (make_mlp);
+    attention settings (n_kv_head, rotary, qkv_bias, ...) go to Attention.
     """
 
     def __init__(
@@ -421,7 +432,6 @@ class Block(Module):
         mlp: str = "gelu",
         ffn_hidden: int | None = None,
         mlp_bias: bool | None = None,
-        layout: str = "gpt2",
         bias: bool = True,
         dropout: float = 0.0,
         rng: np.random.Generator | None = None,
@@ -431,28 +441,27 @@ class Block(Module):
         super().__init__()
         rng = _rng(rng)
         self.pre_ln = pre_ln
-        names = LLAMA_BLOCK_NAMES if layout == "llama" else {}
-        shared = dict(layout=layout, bias=bias, dropout=dropout, rng=rng, n_layer=n_layer)
-        attn = (CausalSelfAttention if causal else SelfAttention)(
+        shared = dict(bias=bias, dropout=dropout, rng=rng, n_layer=n_layer)
+        self.ln_1 = make_norm(norm, n_embd, norm_eps, bias)
+        self.attn = (CausalSelfAttention if causal else SelfAttention)(
             n_embd, n_head, **shared, **attention
         )
-        self.add_module(names.get("ln_1", "ln_1"), make_norm(norm, n_embd, norm_eps, bias), "ln_1")
-        self.add_module(names.get("attn", "attn"), attn, "attn")
         self.cross_attn = None
         if cross:
             self.ln_2 = make_norm(norm, n_embd, norm_eps, bias)
             # The memory's positions are the source's, not the target's: no rotary here.
             cross = {**attention, "rotary": False}
             self.cross_attn = CrossAttention(n_embd, n_head, **shared, **cross)
-        mlp_norm = "ln_3" if cross else names.get("ln_2", "ln_2")
-        self.add_module(mlp_norm, make_norm(norm, n_embd, norm_eps, bias), "ln_mlp")
-        mlp_bias = bias if mlp_bias is None else mlp_bias
-        if mlp == "gelu":
-            self.mlp = MLP(n_embd, dropout, mlp_bias, rng=rng, n_layer=n_layer, hidden=ffn_hidden)
-        elif mlp == "swiglu":
-            self.mlp = GatedMLP(n_embd, ffn_hidden or 4 * n_embd, mlp_bias, rng, n_layer)
+            self.ln_3 = make_norm(norm, n_embd, norm_eps, bias)
         else:
-            raise ValueError(f"Block: mlp must be 'gelu' or 'swiglu', got {mlp!r}")
+            self.ln_2 = make_norm(norm, n_embd, norm_eps, bias)
+        mlp_bias = bias if mlp_bias is None else mlp_bias
+        self.mlp = make_mlp(mlp, n_embd, ffn_hidden, mlp_bias, dropout, rng, n_layer)
+
+    @property
+    def ln_mlp(self) -> Module:
+        """The norm of the MLP's branch: ln_3 after a cross-attention, else ln_2."""
+        return self.ln_2 if self.cross_attn is None else self.ln_3
 
     def _residual(self, x: Tensor, norm: Module, branch: Any) -> Tensor:
         if self.pre_ln:

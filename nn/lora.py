@@ -11,7 +11,8 @@ training, the update can be merged into the weight, W' = W + (alpha / r) A B, an
 plain Linear again (no extra cost at inference); unmerging subtracts it.
 
 `apply_lora(model, targets, rank, alpha)` freezes the whole model and wraps the Linears whose
-names match `targets` (q_proj,v_proj for the Llama family, c_attn for GPT-2); `save_adapter` writes
+names match `targets` (by default its self-attention projections, attention_projections);
+`save_adapter` writes
 only A and B (safetensors) and their settings (adapter_config.json), `load_adapter` puts them on a
 fresh copy of the base model.
 """
@@ -29,13 +30,11 @@ import numpy as np
 
 import autograd.functional as F
 from autograd import Tensor, no_grad
+from nn.attention import Attention
 from nn.checkpoint import load_safetensors, save_json_atomic, save_safetensors
 from nn.layers import Linear
 from nn.module import Module, Parameter
 
-# The attention projections of the two families' layouts: GPT-2's fused q|k|v and its output
-# projection (not the MLP's c_proj), the Llama family's four.
-ATTENTION_PROJECTIONS = ("c_attn", "*.attn.c_proj", "q_proj", "k_proj", "v_proj", "o_proj")
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 _FORMAT = "glassgrad-lora"
@@ -118,7 +117,7 @@ def _matches(name: str, pattern: str) -> bool:
 
 def _set_child(model: Module, name: str, module: Module) -> None:
     """Put `module` where `name` is, and in every other attribute of the parent that held the
-    old one (a second name the forward reads it by, e.g. Llama's o_proj read as c_proj)."""
+    old one (a second name a forward may read it by)."""
     parent_name, _, child = name.rpartition(".")
     parent = dict(model.named_modules())[parent_name] if parent_name else model
     old = parent._modules[child]
@@ -160,10 +159,25 @@ def apply_lora(
 
 
 def attention_projections(model: Module) -> list[str]:
-    """The patterns of ATTENTION_PROJECTIONS that name Linears of this model (LoRA's usual
-    targets: "c_attn,*.attn.c_proj" for GPT-2, "q_proj,k_proj,v_proj,o_proj" for Llama)."""
-    names = [name for name, m in model.named_modules() if type(m) is Linear]
-    return [p for p in ATTENTION_PROJECTIONS if any(_matches(name, p) for name in names)]
+    """LoRA's usual targets: the Linears of the model's self-attention layers (W_Q, W_K, W_V,
+    W_O however a layer stores them), as patterns apply_lora takes: a Linear's own name where no
+    other Linear has it, else with its layer's name: "c_attn,*.attn.c_proj" for nn.Block's, whose
+    MLP has a c_proj too."""
+    modules = dict(model.named_modules())
+    linears = [name for name, m in modules.items() if type(m) is Linear]
+
+    def in_self_attention(name: str) -> bool:
+        layer = modules.get(name.rpartition(".")[0])
+        return isinstance(layer, Attention) and not layer.cross
+
+    others = {name.rsplit(".", 1)[-1] for name in linears if not in_self_attention(name)}
+    patterns: list[str] = []
+    for name in filter(in_self_attention, linears):
+        layer, _, own = name.rpartition(".")
+        pattern = f"*.{layer.rsplit('.', 1)[-1]}.{own}" if own in others else own
+        if pattern not in patterns:
+            patterns.append(pattern)
+    return patterns
 
 
 def lora_modules(model: Module) -> list[tuple[str, LoRA]]:

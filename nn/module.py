@@ -104,16 +104,10 @@ class Module:
             self._non_persistent.add(name)
         object.__setattr__(self, name, self._buffers[name])
 
-    def add_module(self, name: str, module: Module, role: str | None = None) -> None:
-        """Register `module` as `name` (its parameters are named `name.*`); `role`, if given, is a
-        second attribute the code reads it by, not registered (one module, one name).
-
-        A family that names its parts its own way shares the code written in another's words:
-        Llama's `self_attn` is read as `attn` by the forward written for GPT-2's names.
-        """
+    def add_module(self, name: str, module: Module) -> None:
+        """Register `module` as `name` (its parameters are named `name.*`), as assigning it does;
+        for names computed at run time."""
         setattr(self, name, module)
-        if role is not None and role != name:
-            object.__setattr__(self, role, module)
 
     # --- traversal -----------------------------------------------------------------------------
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:

@@ -14,8 +14,8 @@ Training minimises the mean next-token cross-entropy over the positions whose ta
 | biases               | everywhere              | none; Qwen2: on q, k, v                        |
 | head (9.4)           | tied to wte             | tied or its own lm_head                        |
 
-Parameter names are Hugging Face's for each family (models.architectures.gpt,
-models.architectures.llama), so a checkpoint maps one tensor to one parameter. Layouts are
+Parameter names are Hugging Face's for each family, and each family's HF_NAMES
+(models.architectures.gpt, models.architectures.llama) maps one tensor to one parameter. Layouts are
 glassgrad's row vectors: every Linear weight is (in, out) (GPT-2 stores them so too; Llama's files
 hold (out, in), transposed on load and save).
 
@@ -131,17 +131,12 @@ class DecoderConfig:
 
 
 class Body(nn.Module):
-    """The parameter container GPT-2 calls `transformer` and Llama `model`: embeddings, blocks,
-    final norm. `names` maps the roles the decoder's forward reads (wte, h, ln_f) to the family's
-    own names (Llama: embed_tokens, layers, norm)."""
+    """What GPT-2 calls `transformer`: embeddings (wte, and wpe for learned positions), blocks
+    (h), final norm (ln_f)."""
 
-    def __init__(
-        self, c: DecoderConfig, rng: np.random.Generator, names: dict[str, str], layout: str
-    ) -> None:
+    def __init__(self, c: DecoderConfig, rng: np.random.Generator) -> None:
         super().__init__()
-        self.add_module(
-            names.get("wte", "wte"), nn.Embedding(c.vocab_size, c.n_embd, rng=rng), "wte"
-        )
+        self.wte = nn.Embedding(c.vocab_size, c.n_embd, rng=rng)
         self.wpe = (
             nn.Embedding(c.block_size, c.n_embd, rng=rng) if c.positions == "learned" else None
         )
@@ -153,35 +148,36 @@ class Body(nn.Module):
         )
         shared = ("n_kv_head", "head_dim", "qkv_bias", "norm", "norm_eps", "mlp", "ffn_hidden")
         block = {key: getattr(c, key) for key in (*shared, "bias", "dropout", "n_layer")}
-        block.update(rotary=rotary, max_len=c.block_size, layout=layout, rng=rng)
-        layers = nn.ModuleList([nn.Block(c.n_embd, c.n_head, **block) for _ in range(c.n_layer)])
-        self.add_module(names.get("h", "h"), layers, "h")
-        self.add_module(
-            names.get("ln_f", "ln_f"), nn.make_norm(c.norm, c.n_embd, c.norm_eps, c.bias), "ln_f"
-        )
+        block.update(rotary=rotary, max_len=c.block_size, rng=rng)
+        self.h = nn.ModuleList([nn.Block(c.n_embd, c.n_head, **block) for _ in range(c.n_layer)])
+        self.ln_f = nn.make_norm(c.norm, c.n_embd, c.norm_eps, c.bias)
 
 
 class Decoder(nn.Module):
     """`logits, loss = model(idx, targets)`; `model.generate(idx, n)` continues text.
 
-    A family (models.architectures.gpt.GPT, models.architectures.llama.Llama) sets `names` (its
-    parameter names) and how its files store weights. rng initialises the weights (default
+    A family (models.architectures.gpt.GPT, models.architectures.llama.Llama) sets HF_NAMES, its
+    files' tensor names -> (parameter, stored transposed?), which loading and saving both read; a
+    family whose parts are named otherwise than Body's makes its own (make_body) and keeps
+    `transformer`, `wte`, `h`, `ln_f` readable. rng initialises the weights (default
     np.random.default_rng(0)).
     """
 
-    names: dict[str, str] = {}  # role -> the family's name; {} = GPT-2's names
-    layout = "gpt2"  # the blocks' names and q/k/v projections (nn.Attention)
-    linear_weights_transposed = False  # does the family's file store Linear weights (out, in)?
+    HF_NAMES: dict[str, tuple[str, bool]] = {}  # {i} stands for a layer's number
+    hf_layers = "h"  # the files' name of the list of blocks
     hf_layer_field = "n_layer"  # config.json's name for the number of blocks
 
     def __init__(self, config: DecoderConfig, rng: np.random.Generator | None = None) -> None:
         super().__init__()
         rng = np.random.default_rng(0) if rng is None else rng
         self.config = config
-        body = Body(config, rng, self.names, self.layout)
-        self.add_module(self.names.get("transformer", "transformer"), body, "transformer")
+        self.make_body(config, rng)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False, rng=rng)
+
+    def make_body(self, config: DecoderConfig, rng: np.random.Generator) -> None:
+        """Register the embeddings, blocks and final norm (GPT-2's `transformer`)."""
+        self.transformer = Body(config, rng)
 
     def describe(self) -> str:
         """One line naming the model and its sizes (used in error messages and logs)."""
@@ -413,57 +409,73 @@ class Decoder(nn.Module):
     def hf_config(self) -> dict[str, Any]:
         raise NotImplementedError(f"{type(self).__name__} does not write Hugging Face configs")
 
-    def hf_name(self, name: str) -> str | None:
-        """A tensor name in the family's files -> this model's parameter name (None: skip it)."""
+    def hf_file_name(self, name: str) -> str | None:
+        """A tensor name of the family's files as HF_NAMES spells it (None: not a weight, skip)."""
         return name
 
+    def hf_names(self) -> dict[str, tuple[str, bool]]:
+        """HF_NAMES for this model, in parameter order: {i} filled in for every layer, and only
+        the parameters the config gives (a bias it leaves out is not expected). A parameter
+        without a row is an error: the family's files would have no name for it."""
+        params = dict(self.named_parameters())
+        by_parameter = {}
+        for hf_pattern, (pattern, transposed) in self.HF_NAMES.items():
+            for i in range(self.config.n_layer) if "{i}" in hf_pattern else [""]:
+                hf_name, name = (p.replace("{i}", str(i)) for p in (hf_pattern, pattern))
+                by_parameter[name] = (hf_name, transposed)
+        unnamed = [name for name in params if name not in by_parameter]
+        if unnamed:
+            raise ValueError(
+                f"{self.describe()}: {type(self).__name__}.HF_NAMES has no Hugging Face name for "
+                f"{', '.join(unnamed)}"
+            )
+        return {by_parameter[name][0]: (name, by_parameter[name][1]) for name in params}
+
     def transposed_in_files(self) -> set[str]:
-        """The parameters the family's files store transposed: Linear weights, where the files
-        keep torch's (out, in) layout (Llama); none for GPT-2 (Conv1D is (in, out) already)."""
-        if not self.linear_weights_transposed:
-            return set()
-        return {f"{name}.weight" for name, m in self.named_modules() if isinstance(m, nn.Linear)}
+        """The parameters the family's files store transposed (torch's (out, in) Linear weights)."""
+        return {name for name, transposed in self.hf_names().values() if transposed}
 
     def load_hf_files(self, headers: list[nn.SafetensorsHeader], dtype: Any, whole: Path) -> None:
         """Load the weights of the family's safetensors files (their headers, hf.read_header):
         every header is checked against the model first (each tensor a parameter, once,
         floating-point, in the config's shape; no parameter missing from `whole`, the file or
         index that lists them) and only then are the tensors read, one at a time, converted to
-        dtype and (Llama) transposed to (in, out)."""
+        dtype and transposed where HF_NAMES says."""
         params = dict(self.named_parameters())
-        transposed = self.transposed_in_files()
+        hf_names = self.hf_names()
         where: dict[str, Path] = {}  # parameter -> the file holding it
         plan = []
         for header in headers:
             file, names = header.path, []
-            for hf_name, (kind, shape, _) in header.tensors.items():
-                name = self.hf_name(hf_name)
-                if name is None:
+            for stored, (kind, shape, _) in header.tensors.items():
+                hf_name = self.hf_file_name(stored)
+                if hf_name is None:
                     continue
-                if name not in params:
+                if hf_name not in hf_names:
                     raise FileFormatError(
-                        file, None, f"tensor {hf_name!r} is not a parameter of {self.describe()}"
+                        file, None, f"tensor {stored!r} is not a parameter of {self.describe()}"
                     )
+                name, transposed = hf_names[hf_name]
                 if name in where:
                     raise FileFormatError(
-                        file, None, f"tensor {hf_name!r} is stored twice (also in {where[name]})"
+                        file, None, f"tensor {stored!r} is stored twice (also in {where[name]})"
                     )
                 if kind not in nn.FLOAT_DTYPES:
                     raise FileFormatError(
                         file,
                         None,
-                        f"tensor {hf_name!r} has dtype {kind}, a floating-point parameter needs "
+                        f"tensor {stored!r} has dtype {kind}, a floating-point parameter needs "
                         f"one of {', '.join(nn.FLOAT_DTYPES)}",
                     )
-                expected = params[name].shape[::-1] if name in transposed else params[name].shape
+                expected = params[name].shape[::-1] if transposed else params[name].shape
                 if shape != expected:
                     raise FileFormatError(
                         file,
                         None,
-                        f"tensor {hf_name!r} has shape {shape}, the config gives {expected}",
+                        f"tensor {stored!r} has shape {shape}, the config gives {expected}",
                     )
                 where[name] = file
-                names.append(hf_name)
+                names.append(stored)
             plan.append((header, names))
         missing = [name for name in params if name not in where]
         if missing:
@@ -480,24 +492,25 @@ class Decoder(nn.Module):
         )
 
     def load_hf_tensors(self, tensors: Iterator[tuple[str, str, np.ndarray]], dtype: Any) -> None:
-        """Copy (file, name, array) one at a time into the parameters, converting to dtype and
-        (Llama) transposing Linear weights to (in, out); every parameter must be found once
+        """Copy (file, name, array) one at a time into the parameters HF_NAMES maps them to,
+        converting to dtype and transposing where it says; every parameter must be found once
         (load_hf_files checks safetensors headers first; models.formats.gguf its own tensors)."""
         params = dict(self.named_parameters())
-        transposed = self.transposed_in_files()
+        hf_names = self.hf_names()
         loaded = set()
-        for source, hf_name, array in tensors:
-            name = self.hf_name(hf_name)
-            if name is None:
+        for source, stored, array in tensors:
+            hf_name = self.hf_file_name(stored)
+            if hf_name is None:
                 continue
-            if name not in params:
-                problem = f"tensor {hf_name!r} is not a parameter of {self.describe()}"
+            if hf_name not in hf_names:
+                problem = f"tensor {stored!r} is not a parameter of {self.describe()}"
                 raise FileFormatError(source, None, problem)
-            expected = params[name].shape[::-1] if name in transposed else params[name].shape
+            name, transposed = hf_names[hf_name]
+            expected = params[name].shape[::-1] if transposed else params[name].shape
             if array.shape != expected:
-                problem = f"tensor {hf_name!r} has shape {array.shape}, the config gives {expected}"
+                problem = f"tensor {stored!r} has shape {array.shape}, the config gives {expected}"
                 raise FileFormatError(source, None, problem)
-            array = array.T if name in transposed else array
+            array = array.T if transposed else array
             params[name].data = np.ascontiguousarray(array, dtype=dtype)
             loaded.add(name)
         missing = [name for name in params if name not in loaded]
@@ -505,11 +518,11 @@ class Decoder(nn.Module):
             raise ValueError(f"{self.describe()}: the checkpoint lacks {', '.join(missing)}")
 
     def hf_tensors(self) -> dict[str, np.ndarray]:
-        """name -> array as the family's files store it."""
-        transposed = self.transposed_in_files()
+        """HF name -> array as the family's files store it (HF_NAMES), in parameter order."""
+        params = dict(self.named_parameters())
         return {
-            name: np.ascontiguousarray(p.data.T) if name in transposed else p.data
-            for name, p in self.named_parameters()
+            hf_name: np.ascontiguousarray(params[name].data.T) if transposed else params[name].data
+            for hf_name, (name, transposed) in self.hf_names().items()
         }
 
     def save_pretrained(
@@ -538,7 +551,8 @@ class Decoder(nn.Module):
         files = hf.weight_files(directory, path)
         whole = files[0] if len(files) == 1 else directory / hf.INDEX
         headers = [hf.read_header(file) for file in files]
-        layers = {int(m[1]) for h in headers for name in h.tensors if (m := _LAYER.search(name))}
+        layer = re.compile(rf"(?:^|\.){cls.hf_layers}\.(\d+)\.")  # a block's tensors
+        layers = {int(m[1]) for h in headers for name in h.tensors if (m := layer.search(name))}
         if settings.n_layer > len(layers):  # refused before building layers the files lack
             raise FileFormatError(
                 whole,
@@ -549,9 +563,6 @@ class Decoder(nn.Module):
         model = cls(settings, _NoInit())
         model.load_hf_files(headers, dtype, whole)  # every tensor, in dtype
         return model
-
-
-_LAYER = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")  # a block's tensors, GPT-2's or Llama's
 
 
 class _NoInit:

@@ -6,10 +6,10 @@ Token ids -> token embedding + learned position embedding (notes 2.1, 8.6) -> n_
 (weight tying, notes 9.4). The forward pass, the loss and generation are
 models.architectures.decoder's.
 
-Parameter names and layouts are Hugging Face GPT-2's, one to one
-(`transformer.h.0.attn.c_attn.weight` is (C, 3C): GPT-2's Conv1D stores row-vector (in, out)
-weights, as glassgrad does), so `GPT.from_pretrained` loads a GPT-2 checkpoint as it is and the
-checkpoints written by models.train are GPT-2 checkpoints. The file's other names: the
+Parameter names and layouts are Hugging Face GPT-2's, one to one (HF_NAMES): glassgrad's own
+names (models.architectures.decoder.Body, nn.Block) are GPT-2's, and GPT-2's Conv1D stores
+row-vector (in, out) weights as glassgrad does, so `GPT.from_pretrained` loads a GPT-2 checkpoint as
+it is and the checkpoints written by models.train are GPT-2 checkpoints. The file's other names: the
 attention-mask buffers `attn.bias` / `attn.masked_bias` (not weights: skipped), `lm_head.weight`
 (the tied wte: skipped), and keys without the `transformer.` prefix (the original GPT-2 upload).
 """
@@ -98,6 +98,27 @@ class GPTConfig(DecoderConfig):
         )
 
 
+# Hugging Face's tensor name -> (this model's parameter, stored transposed?); {i}: layer i. Every
+# name maps to itself and nothing is transposed. Shapes (row vectors, (in, out)):
+LAYER = "transformer.h.{i}."
+HF_NAMES = {
+    "transformer.wte.weight": ("transformer.wte.weight", False),  # (V, C), also the output head
+    "transformer.wpe.weight": ("transformer.wpe.weight", False),  # (block_size, C)
+    LAYER + "ln_1.weight": (LAYER + "ln_1.weight", False),  # (C,)
+    LAYER + "ln_1.bias": (LAYER + "ln_1.bias", False),
+    LAYER + "attn.c_attn.weight": (LAYER + "attn.c_attn.weight", False),  # (C, 3C) W_Q|W_K|W_V
+    LAYER + "attn.c_attn.bias": (LAYER + "attn.c_attn.bias", False),
+    LAYER + "attn.c_proj.weight": (LAYER + "attn.c_proj.weight", False),  # (C, C) W_O
+    LAYER + "attn.c_proj.bias": (LAYER + "attn.c_proj.bias", False),
+    LAYER + "ln_2.weight": (LAYER + "ln_2.weight", False),
+    LAYER + "ln_2.bias": (LAYER + "ln_2.bias", False),
+    LAYER + "mlp.c_fc.weight": (LAYER + "mlp.c_fc.weight", False),  # (C, 4C)
+    LAYER + "mlp.c_fc.bias": (LAYER + "mlp.c_fc.bias", False),
+    LAYER + "mlp.c_proj.weight": (LAYER + "mlp.c_proj.weight", False),  # (4C, C)
+    LAYER + "mlp.c_proj.bias": (LAYER + "mlp.c_proj.bias", False),
+    "transformer.ln_f.weight": ("transformer.ln_f.weight", False),
+    "transformer.ln_f.bias": ("transformer.ln_f.bias", False),
+}
 _MASK_BUFFER = re.compile(r"(^|\.)attn\.(masked_)?bias$")
 
 
@@ -107,6 +128,8 @@ class GPT(Decoder):
     rng initialises the weights (default np.random.default_rng(0)), so the same rng seed gives the
     same model.
     """
+
+    HF_NAMES = HF_NAMES
 
     def __init__(self, config: GPTConfig, rng: Any = None) -> None:
         if not isinstance(config, GPTConfig):
@@ -127,7 +150,7 @@ class GPT(Decoder):
     def hf_config(self) -> dict[str, Any]:
         return self.config.to_hf_dict()
 
-    def hf_name(self, name: str) -> str | None:
+    def hf_file_name(self, name: str) -> str | None:
         """Skip the mask buffers and the tied head; add the `transformer.` prefix if missing."""
         if _MASK_BUFFER.search(name) or name == "lm_head.weight":
             return None

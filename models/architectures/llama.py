@@ -2,22 +2,12 @@
 with RMSNorm, rotary positions, the SwiGLU MLP and grouped-query attention, under Hugging Face's
 names.
 
-What a Hugging Face Llama file calls each parameter, and where it lives here (every name is HF's
-own, so `named_parameters()` lists exactly the file's tensor names):
-
-    model.embed_tokens.weight                      (V, C)  token embedding (wte)
-    model.layers.{i}.input_layernorm.weight        (C,)    RMSNorm before attention (ln_1)
-    model.layers.{i}.self_attn.q_proj.weight       (C, H*D)      W_Q  } (in, out) here;
-    model.layers.{i}.self_attn.k_proj.weight       (C, Hkv*D)    W_K  } the file stores
-    model.layers.{i}.self_attn.v_proj.weight       (C, Hkv*D)    W_V  } torch's (out, in):
-    model.layers.{i}.self_attn.o_proj.weight       (H*D, C)      W_O  } transposed on load/save
-    model.layers.{i}.self_attn.{q,k,v}_proj.bias   Qwen2 only (and Llama's attention_bias)
-    model.layers.{i}.post_attention_layernorm.weight (C,)  RMSNorm before the MLP (ln_2)
-    model.layers.{i}.mlp.gate_proj.weight          (C, F)  SwiGLU: down(silu(x gate) * (x up))
-    model.layers.{i}.mlp.up_proj.weight            (C, F)
-    model.layers.{i}.mlp.down_proj.weight          (F, C)
-    model.norm.weight                              (C,)    final RMSNorm (ln_f)
-    lm_head.weight                                 (C, V)  only when tie_word_embeddings is false
+The module tree below is HF's own (model.layers.{i}.self_attn.q_proj, ...), so
+`named_parameters()` lists exactly the file's tensor names, and HF_NAMES maps each of them, one
+row per tensor, for loading and saving. The decoder's forward (and models.lab) read every family
+by glassgrad's names (transformer, wte, h, ln_f; a block's attn; an attention's c_proj = W_O):
+here they are read-only properties naming the HF module, so LoRA, which replaces a module under
+its registered name, is seen under both.
 
 config.json: hidden_size C, num_hidden_layers, num_attention_heads H, num_key_value_heads Hkv,
 head_dim D (default C / H), intermediate_size F, rms_norm_eps, max_position_embeddings, vocab_size,
@@ -30,11 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+import nn
+from autograd import Tensor
 from models.architectures.decoder import Decoder, DecoderConfig
 from models.formats.hf import Fields
+from nn.attention import split_heads
+from nn.layers import residual_projection
 
-# glassgrad's role names (GPT-2's, which the decoder's forward reads) -> Llama's names.
-NAMES = {"transformer": "model", "wte": "embed_tokens", "h": "layers", "ln_f": "norm"}
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 DEFAULT_THETA = 10000.0
 # What makes a decoder a Llama (DecoderConfig's defaults are GPT-2's).
@@ -46,6 +40,34 @@ SETTINGS = dict(
     tie_word_embeddings=False,
     model_type="llama",
 )
+
+
+# Hugging Face's tensor name -> (this model's parameter, stored transposed?); {i}: layer i. The
+# tree uses HF's names, so each name maps to itself; torch's nn.Linear stores (out, in), so every
+# Linear weight is transposed on load and save. Shapes here (row vectors, (in, out)):
+LAYER = "model.layers.{i}."
+HF_NAMES = {
+    "model.embed_tokens.weight": ("model.embed_tokens.weight", False),  # (V, C) wte
+    LAYER + "input_layernorm.weight": (LAYER + "input_layernorm.weight", False),  # (C,) ln_1
+    LAYER + "self_attn.q_proj.weight": (LAYER + "self_attn.q_proj.weight", True),  # (C, H*D) W_Q
+    LAYER + "self_attn.k_proj.weight": (LAYER + "self_attn.k_proj.weight", True),  # (C, Hkv*D) W_K
+    LAYER + "self_attn.v_proj.weight": (LAYER + "self_attn.v_proj.weight", True),  # (C, Hkv*D) W_V
+    # q/k/v biases: Qwen2's, or Llama's with attention_bias
+    LAYER + "self_attn.q_proj.bias": (LAYER + "self_attn.q_proj.bias", False),
+    LAYER + "self_attn.k_proj.bias": (LAYER + "self_attn.k_proj.bias", False),
+    LAYER + "self_attn.v_proj.bias": (LAYER + "self_attn.v_proj.bias", False),
+    LAYER + "self_attn.o_proj.weight": (LAYER + "self_attn.o_proj.weight", True),  # (H*D, C) W_O
+    LAYER + "self_attn.o_proj.bias": (LAYER + "self_attn.o_proj.bias", False),  # mlp_bias
+    LAYER + "post_attention_layernorm.weight": (LAYER + "post_attention_layernorm.weight", False),
+    LAYER + "mlp.gate_proj.weight": (LAYER + "mlp.gate_proj.weight", True),  # (C, F) SwiGLU gate
+    LAYER + "mlp.up_proj.weight": (LAYER + "mlp.up_proj.weight", True),  # (C, F)
+    LAYER + "mlp.down_proj.weight": (LAYER + "mlp.down_proj.weight", True),  # (F, C)
+    LAYER + "mlp.gate_proj.bias": (LAYER + "mlp.gate_proj.bias", False),  # mlp_bias
+    LAYER + "mlp.up_proj.bias": (LAYER + "mlp.up_proj.bias", False),
+    LAYER + "mlp.down_proj.bias": (LAYER + "mlp.down_proj.bias", False),
+    "model.norm.weight": ("model.norm.weight", False),  # (C,) ln_f
+    "lm_head.weight": ("lm_head.weight", True),  # (C, V), when tie_word_embeddings is false
+}
 
 
 def llama_config(**sizes: Any) -> DecoderConfig:
@@ -122,21 +144,101 @@ def config_from_hf(config: dict[str, Any], source: str) -> DecoderConfig:
     )
 
 
+class LlamaAttention(nn.CausalSelfAttention):
+    """Llama's causal self-attention: W_Q, W_K, W_V, W_O as four Linears, q_proj (C, H*D) and
+    k_proj, v_proj (C, Hkv*D) for grouped-query heads, o_proj (H*D, C); the rest is nn.Attention.
+    """
+
+    def make_projections(
+        self, qkv_bias: bool, bias: bool, rng: np.random.Generator, n_layer: int
+    ) -> None:
+        q_width, kv_width = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        self.q_proj = nn.Linear(self.n_embd, q_width, bias=qkv_bias, rng=rng)
+        self.k_proj = nn.Linear(self.n_embd, kv_width, bias=qkv_bias, rng=rng)
+        self.v_proj = nn.Linear(self.n_embd, kv_width, bias=qkv_bias, rng=rng)
+        self.o_proj = residual_projection(q_width, self.n_embd, bias, rng, n_layer)
+
+    def self_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return (
+            split_heads(self.q_proj(x), self.n_head),
+            split_heads(self.k_proj(x), self.n_kv_head),
+            split_heads(self.v_proj(x), self.n_kv_head),
+        )
+
+    c_proj = property(lambda self: self.o_proj)  # W_O, which nn.Attention's forward applies
+
+
+class LlamaBlock(nn.Module):
+    """One Llama layer (notes 8.5), Pre-LN: x + self_attn(input_layernorm(x)), then
+    x + mlp(post_attention_layernorm(x)); the norm and MLP are the config's (RMSNorm, SwiGLU)."""
+
+    def __init__(self, c: DecoderConfig, rotary: nn.RotaryPositions, rng: np.random.Generator):
+        super().__init__()
+        self.input_layernorm = nn.make_norm(c.norm, c.n_embd, c.norm_eps, c.bias)
+        self.self_attn = LlamaAttention(
+            c.n_embd,
+            c.n_head,
+            n_kv_head=c.n_kv_head,
+            head_dim=c.head_dim,
+            rotary=rotary,
+            max_len=c.block_size,
+            bias=c.bias,
+            qkv_bias=c.qkv_bias,
+            dropout=c.dropout,
+            rng=rng,
+            n_layer=c.n_layer,
+        )
+        self.post_attention_layernorm = nn.make_norm(c.norm, c.n_embd, c.norm_eps, c.bias)
+        self.mlp = nn.make_mlp(c.mlp, c.n_embd, c.ffn_hidden, c.bias, c.dropout, rng, c.n_layer)
+
+    attn = property(lambda self: self.self_attn)  # the name models.lab reads a block's attention by
+
+    def forward(self, x: Tensor, kv_cache: nn.LayerKVCache | None = None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """What HF calls `model`: the token embedding, the layers, the final norm. No position table:
+    the rotary positions (notes 8.6), one set of tables, are shared by every layer's attention."""
+
+    def __init__(self, c: DecoderConfig, rng: np.random.Generator) -> None:
+        super().__init__()
+        if c.positions != "rotary":
+            raise ValueError(f"Llama: positions must be 'rotary', got {c.positions!r}")
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.n_embd, rng=rng)
+        self.drop = nn.Dropout(c.dropout, rng=rng.spawn(1)[0])  # its own mask stream
+        rotary = nn.RotaryPositions(c.head_dim, c.block_size, c.rope_theta, c.rope_scaling)
+        self.layers = nn.ModuleList([LlamaBlock(c, rotary, rng) for _ in range(c.n_layer)])
+        self.norm = nn.make_norm(c.norm, c.n_embd, c.norm_eps, c.bias)
+
+    # the names the decoder's forward reads every family's body by
+    # (models.architectures.decoder.Body's)
+    wte = property(lambda self: self.embed_tokens)
+    wpe = None  # positions are rotary, inside attention
+    h = property(lambda self: self.layers)
+    ln_f = property(lambda self: self.norm)
+
+
 class Llama(Decoder):
-    """A Llama-family decoder under Hugging Face's names (the table above). Build one from a
+    """A Llama-family decoder under Hugging Face's names (HF_NAMES). Build one from a
     DecoderConfig (config_from_hf reads config.json), or load a directory: Llama.from_pretrained
     or models.from_pretrained."""
 
-    names = NAMES
-    layout = "llama"
-    linear_weights_transposed = True  # torch's nn.Linear stores (out, in)
+    HF_NAMES = HF_NAMES
+    hf_layers = "layers"
     hf_layer_field = "num_hidden_layers"
+
+    def make_body(self, config: DecoderConfig, rng: np.random.Generator) -> None:
+        self.model = LlamaModel(config, rng)
+
+    transformer = property(lambda self: self.model)  # the name the decoder's forward reads
 
     @classmethod
     def config_from_hf(cls, config: dict[str, Any], source: str) -> DecoderConfig:
         return config_from_hf(config, source)
 
-    def hf_name(self, name: str) -> str | None:
+    def hf_file_name(self, name: str) -> str | None:
         """Skip what is not a weight: older files store the rotary frequencies, and tied models
         may store lm_head.weight (the same array as embed_tokens)."""
         if name.endswith("rotary_emb.inv_freq"):

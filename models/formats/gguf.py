@@ -184,7 +184,8 @@ def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
 ARCHITECTURES = ("llama", "qwen2")
 
 # GGUF's tensor names (llama.cpp's gguf-py/gguf/constants.py) -> Hugging Face's, for the Llama
-# family (models.architectures.llama's table); a block's tensors are blk.{i}.<name>.{weight,bias}.
+# family, whose HF_NAMES (models/architectures/llama.py) then loads them; a block's tensors are
+# blk.{i}.<name>.{weight,bias}.
 GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -366,9 +367,7 @@ def load(path: str | Path, dtype: Any = None, max_bytes: int | None = None) -> A
     before any is read; then each is dequantized straight into dtype, one at a time (the peak is
     the model in dtype plus about one tensor)."""
     from autograd import get_default_dtype
-    from models.architectures.decoder import (
-        _NoInit,  # every weight is about to be loaded: skip the draws
-    )
+    from models.architectures.decoder import _NoInit  # every weight is about to be loaded
     from models.architectures.llama import Llama
     from models.formats import hf
 
@@ -401,13 +400,14 @@ def load(path: str | Path, dtype: Any = None, max_bytes: int | None = None) -> A
 
 
 def _expected_tensors(model: Any, path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """GGUF name -> (HF name, dims as the file should write them: HF's (out, in) shape reversed,
-    i.e. glassgrad's (in, out) for Linear weights) for every parameter of the model."""
-    transposed = model.transposed_in_files()
+    """GGUF name -> (HF name, dims as the file should write them: HF's shape reversed, i.e.
+    glassgrad's (in, out) for the Linear weights HF stores (out, in)) for every row of the
+    model's HF_NAMES."""
+    params = dict(model.named_parameters())
     expected = {}
-    for name, param in model.named_parameters():
-        hf_shape = param.shape[::-1] if name in transposed else param.shape
-        expected[gguf_name(name)] = (name, tuple(hf_shape[::-1]))
+    for hf_name, (name, transposed) in model.hf_names().items():
+        hf_shape = params[name].shape[::-1] if transposed else params[name].shape
+        expected[gguf_name(hf_name)] = (hf_name, tuple(hf_shape[::-1]))
     return expected
 
 

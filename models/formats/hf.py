@@ -3,8 +3,9 @@ listed by model.safetensors.index.json ({"weight_map": {tensor name: shard file}
 
 Tensors are read one at a time (nn.iter_safetensors), so loading never holds a second full copy
 of the weights; BF16 and F16 become the model's dtype as they are read. Errors name the file and
-the field. The families (models.architectures.gpt, models.architectures.llama) map names and
-layouts; this file only moves bytes and JSON.
+the field. The families map names and layouts (HF_NAMES in models/architectures/gpt.py and
+models/architectures/llama.py, read by models.architectures.decoder's loader and saver); this file
+only moves bytes and JSON.
 """
 
 from __future__ import annotations

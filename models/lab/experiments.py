@@ -97,12 +97,12 @@ def qk_gradient_norms(model: Any) -> tuple[float, float]:
     q2 = k2 = 0.0
     for block in blocks(model):
         attn = block.attn
-        if attn.layout == "llama":
-            gq, gk = attn.q_proj.weight.grad, attn.k_proj.weight.grad
-        else:  # GPT-2's fused c_attn: columns [W_Q | W_K | W_V]
+        if hasattr(attn, "c_attn"):  # nn.Attention's fused c_attn: columns [W_Q | W_K | W_V]
             width = attn.n_head * attn.head_dim
             g = attn.c_attn.weight.grad
             gq, gk = g[:, :width], g[:, width : 2 * width]
+        else:  # the Llama family's W_Q and W_K of their own
+            gq, gk = attn.q_proj.weight.grad, attn.k_proj.weight.grad
         q2 += float(np.sum(gq.astype(np.float64) ** 2))
         k2 += float(np.sum(gk.astype(np.float64) ** 2))
     return q2**0.5, k2**0.5

@@ -23,7 +23,6 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
-import nn
 from models.training.checkpoints import read_train_state
 
 
@@ -89,8 +88,9 @@ class TrainConfig:
     )
     lora_alpha: float = setting("LoRA's update is (alpha / rank) A B", 16.0, resume_keeps=True)
     lora_targets: str | None = setting(
-        "comma-separated Linear names or globs to adapt (default: the attention projections, "
-        f"{','.join(nn.lora.ATTENTION_PROJECTIONS)}, those the model has)",
+        "comma-separated Linear names or globs to adapt (default: the self-attention "
+        "projections, nn.lora.attention_projections: c_attn,*.attn.c_proj for GPT-2, "
+        "q_proj,k_proj,v_proj,o_proj for the Llama family)",
         None,
         resume_keeps=True,
     )
