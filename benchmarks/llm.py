@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = {}
     if "hf" in wanted and not _python_has(args.hf_python, "torch, transformers"):
         missing["hf"] = f"{args.hf_python} cannot import torch and transformers"
-    from models import hub  # here: the script side (other Pythons' workers) has no glassgrad
+    from models.formats import hub  # here: other Pythons (the workers) have no glassgrad
 
     with tempfile.TemporaryDirectory() as tmp:
         shipped = None if args.tiny or args.model else hub.packaged_smollm2()

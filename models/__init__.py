@@ -39,7 +39,7 @@ def from_pretrained(
     memory available (or max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before allocating."""
     path = resolve(path, revision)
     if path.suffix.lower() == ".gguf":
-        from models import gguf  # the optional gguf package is imported only for GGUF files
+        from models.formats import gguf  # the optional gguf package is imported only for GGUF files
 
         return gguf.load(path, dtype, max_bytes)
     directory, config = read_config(path)

@@ -191,9 +191,10 @@ class MLP(Module):
 
 
 class GatedMLP(Module):
-    """Llama's feed-forward network, SwiGLU (notes 8.2's gated FFN):
-    down_proj(silu(x W_gate) * (x W_up)). The gate decides, per hidden unit, how much of the up
-    projection passes; three matrices instead of two, so `hidden` is usually ~8/3 n_embd."""
+    """SwiGLU, the gated feed-forward network (notes 8.2), as the Llama family uses it:
+    c_proj(silu(x W_gate) * (x W_up)). The gate decides, per hidden unit, how much of the up
+    projection c_fc passes; three matrices instead of two, so `hidden` is usually ~8/3 n_embd.
+    A family that names the three otherwise overrides make_projections and the three names."""
 
     def __init__(
         self,
@@ -204,10 +205,14 @@ class GatedMLP(Module):
         n_layer: int = 1,
     ) -> None:
         super().__init__()
-        rng = _rng(rng)
-        self.gate_proj = Linear(n_embd, hidden, bias=bias, rng=rng)
-        self.up_proj = Linear(n_embd, hidden, bias=bias, rng=rng)
-        self.down_proj = residual_projection(hidden, n_embd, bias, rng, n_layer)
+        self.make_projections(n_embd, hidden, bias, _rng(rng), n_layer)
+
+    def make_projections(
+        self, n_embd: int, hidden: int, bias: bool, rng: np.random.Generator, n_layer: int
+    ) -> None:
+        self.c_gate = Linear(n_embd, hidden, bias=bias, rng=rng)
+        self.c_fc = Linear(n_embd, hidden, bias=bias, rng=rng)
+        self.c_proj = residual_projection(hidden, n_embd, bias, rng, n_layer)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))

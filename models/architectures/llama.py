@@ -168,6 +168,22 @@ class LlamaAttention(nn.CausalSelfAttention):
     c_proj = property(lambda self: self.o_proj)  # W_O, which nn.Attention's forward applies
 
 
+class LlamaMLP(nn.GatedMLP):
+    """Llama's SwiGLU under its own names: down_proj(silu(x gate_proj) * (x up_proj))."""
+
+    def make_projections(
+        self, n_embd: int, hidden: int, bias: bool, rng: np.random.Generator, n_layer: int
+    ) -> None:
+        self.gate_proj = nn.Linear(n_embd, hidden, bias=bias, rng=rng)
+        self.up_proj = nn.Linear(n_embd, hidden, bias=bias, rng=rng)
+        self.down_proj = residual_projection(hidden, n_embd, bias, rng, n_layer)
+
+    # the names nn.GatedMLP's forward reads
+    c_gate = property(lambda self: self.gate_proj)
+    c_fc = property(lambda self: self.up_proj)
+    c_proj = property(lambda self: self.down_proj)
+
+
 class LlamaBlock(nn.Module):
     """One Llama layer (notes 8.5), Pre-LN: x + self_attn(input_layernorm(x)), then
     x + mlp(post_attention_layernorm(x)); the norm and MLP are the config's (RMSNorm, SwiGLU)."""
@@ -189,7 +205,9 @@ class LlamaBlock(nn.Module):
             n_layer=c.n_layer,
         )
         self.post_attention_layernorm = nn.make_norm(c.norm, c.n_embd, c.norm_eps, c.bias)
-        self.mlp = nn.make_mlp(c.mlp, c.n_embd, c.ffn_hidden, c.bias, c.dropout, rng, c.n_layer)
+        if c.mlp != "swiglu":
+            raise ValueError(f"Llama: mlp must be 'swiglu', got {c.mlp!r}")
+        self.mlp = LlamaMLP(c.n_embd, c.ffn_hidden, c.bias, rng, c.n_layer)
 
     attn = property(lambda self: self.self_attn)  # the name models.lab reads a block's attention by
 
