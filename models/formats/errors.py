@@ -2,11 +2,10 @@
 tokenizer.json, tokenizer_config.json, a GGUF file): a ValueError that names the file and the
 field as the file writes it, so the user knows which line to fix.
 
->>> raise FileFormatError("m/config.json", "hidden_size", "must be a positive integer", "96")
+>>> raise FileFormatError("m/config.json", "hidden_size", "must be an integer", "96")
 Traceback (most recent call last):
     ...
-models.formats.errors.FileFormatError: m/config.json: hidden_size: must be a positive integer, got
-'96'
+models.formats.errors.FileFormatError: m/config.json: hidden_size: must be an integer, got '96'
 """
 
 from __future__ import annotations
