@@ -106,7 +106,7 @@ class Plan:
         self.call_out: list[Any] = []
         self.leaves = [v for v in self.values if v.kind == "leaf"]
         self.inputs: list[tuple[int, np.ndarray]] = []
-        self._lowered = 0
+        self._compiled = 0
         self._generic = 0
         # fusion=True: BLAS single-threaded during a replay, large products split over two threads.
         # Never with "exact": whether a split product rounds like the whole one depends on the
@@ -205,7 +205,7 @@ class Plan:
         self.phases: dict[int, dict] = {}  # a checkpointed segment's arrays and RNG states
         self.has_grad: set[int] = set()
         self.aliased: set[int] = set()  # gradients that are views of another value's gradient
-        self.lowered: set[int] = set()
+        self.compiled: set[int] = set()
         self.consumers: dict[int, list[Node]] = {}
         for node in rec.nodes:
             for v in node.inputs:
@@ -261,13 +261,13 @@ class Plan:
         fn, vals = node.fn, self.vals
         if view_input(node) is not None:  # made once, at plan time: its input's buffer stays
             vals[node.out.id] = fn.forward(vals[node.inputs[0].id], **node.params)
-            self.lowered.add(id(node))
+            self.compiled.add(id(node))
             return (lambda: None), "view of its input's buffer (made once)"
         c = OpContext(self, node, position)
         compiled = fn.compiled_forward(c)
         if compiled is None:
             return self._generic_forward(c), "replays its own forward"
-        self.lowered.add(id(node))
+        self.compiled.add(id(node))
         return compiled
 
     def _forward(self, node: Node) -> None:
@@ -280,8 +280,8 @@ class Plan:
             )
         position = self.pos_f[id(node)]
         step, note = self._op_forward(node, position)
-        if id(node) in self.lowered:
-            self._lowered += 1
+        if id(node) in self.compiled:
+            self._compiled += 1
         else:
             self._generic += 1
         self._emit(step, f"fwd  {position:4d} {node.name:<14} -> {_shape(node.out)}  {note}")
@@ -314,7 +314,7 @@ class Plan:
     def _segment_forward_done(self, segment: Segment) -> None:
         phase = self.phases[segment.index]
         phase["forward"] = {node.out.id: self.vals[node.out.id] for node in segment.nodes}
-        replayed = [node.fn for node in segment.nodes if id(node) not in self.lowered]
+        replayed = [node.fn for node in segment.nodes if id(node) not in self.compiled]
         if replayed:  # what those ops saved for their backward is recomputed as well
 
             def drop_saved() -> None:
@@ -434,7 +434,7 @@ class Plan:
             if node.out.id in self.aliased:
                 self.has_grad.add(x.id)  # complete once every view's consumers have written
                 return (lambda: None), "nothing to do: its gradient is a view of its input's"
-        if id(node) in self.lowered:
+        if id(node) in self.compiled:
             compiled = node.fn.compiled_backward(OpContext(self, node, position))
         if compiled is None:
             return self._generic_backward(node, position), "replays its own VJP"
@@ -596,7 +596,7 @@ class Plan:
         """The plan, one line per step, then the arena's sizes (docs/compile.md shows one)."""
         mib = 1 << 20
         steps = (
-            f"{len(self.program)} replay steps; {self._lowered} ops lowered to out= kernels, "
+            f"{len(self.program)} replay steps; {self._compiled} ops in their compiled form (out= buffers), "
             f"{self._generic} replaying their own forward"
         )
         if self.shard is not None:  # the ShardedPlan's printout says the rest
