@@ -596,8 +596,8 @@ class Plan:
         """The plan, one line per step, then the arena's sizes (docs/compile.md shows one)."""
         mib = 1 << 20
         steps = (
-            f"{len(self.program)} replay steps; {self._compiled} ops in their compiled form (out= buffers), "
-            f"{self._generic} replaying their own forward"
+            f"{len(self.program)} replay steps; {self._compiled} ops in their compiled form "
+            f"(out= buffers), {self._generic} replaying their own forward"
         )
         if self.shard is not None:  # the ShardedPlan's printout says the rest
             head = f"one shard: {steps}"
