@@ -627,13 +627,15 @@ class CrossEntropy(Function):
     # L = mean over kept rows of (logsumexp(l) - l[y]);  dl = (softmax(l) - onehot(y)) / n  (10.3)
     # The forward computes L only; the backward computes dl (times g) in one fused pass of its
     # own, so no (N, V) gradient array lives from the forward to the backward beside the logits.
-    def forward(self, logits, targets=None, ignore_index=-100):
+    def forward(self, logits, targets=None, ignore_index=-100, out=None):
         flat_logits = logits.reshape(-1, logits.shape[-1])
         loss, _ = kernels.cross_entropy_forward(
             flat_logits, targets.reshape(-1), ignore_index, False
         )
         self.save_for_backward(logits, targets, ignore_index)
-        return np.asarray(loss, dtype=logits.dtype)
+        out = _into(out, (), logits.dtype)
+        out[...] = loss
+        return out
 
     def backward(self, g):
         return (self._dlogits(g),)
@@ -650,14 +652,10 @@ class CrossEntropy(Function):
         if not c.numba:
             return None
         vals, logits, out = c.vals, c.inputs[0].id, c.out
-        targets, ignore_index = c.params["targets"].reshape(-1), c.params.get("ignore_index", -100)
-
-        def run() -> None:
-            z = vals[logits]
-            rows = z.reshape(-1, z.shape[-1])
-            out[...] = kernels.cross_entropy_forward(rows, targets, ignore_index, False)[0]
-
-        return run, "Numba pass, the loss only"
+        targets, ignore_index = c.params["targets"], c.params.get("ignore_index", -100)
+        return (lambda: self.forward(vals[logits], targets, ignore_index, out)), (
+            "Numba pass, the loss only"
+        )
 
     def compiled_backward(self, c):
         from autograd.kernels import softmax
