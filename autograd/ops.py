@@ -142,8 +142,8 @@ class Add(Op):
         vals, (a, b), out = c.vals, (v.id for v in c.inputs), c.out
         return (lambda: self.forward(vals[a], vals[b], out=out)), "np.add(out=)"
 
-    def compiled_backward(self, c):  # g copied / added into each input's gradient (summed back
-        g = c.g  # to a broadcast input's shape, as sum_to)
+    def compiled_backward(self, c):  # g into each input's gradient (summed back if broadcast)
+        g = c.g
         targets = [
             (c.add_grad(i), None if v.shape == g.shape else v.shape)
             for i, v in enumerate(c.inputs)
