@@ -76,11 +76,6 @@ def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     np.matmul(a, b, out=out)
 
 
-def _into(out: np.ndarray | None, shape: tuple, dtype: Any) -> np.ndarray:
-    """`out` (a compiled step's buffer), or a new array (eager)."""
-    return np.empty(shape, dtype) if out is None else out
-
-
 class Linear(Op):
     # out = x @ W + b over the last axis of x (any leading dims), as one 2-d product:
     # dx = g @ W^T;  dW = x^T g;  db = sum of g over rows      (notes 10.4)
@@ -94,7 +89,8 @@ class Linear(Op):
                 f"{weight.shape[0]} (x {x.shape}, weight {weight.shape})"
             )
         x2 = x.reshape(-1, x.shape[-1])
-        out = _into(out, x.shape[:-1] + weight.shape[1:], np.result_type(x, weight))
+        if out is None:
+            out = np.empty(x.shape[:-1] + weight.shape[1:], np.result_type(x, weight))
         out2 = out.reshape(x2.shape[0], weight.shape[1])
         matmul(x2, weight, out2)
         if bias is not None:
@@ -633,7 +629,8 @@ class CrossEntropy(Function):
             flat_logits, targets.reshape(-1), ignore_index, False
         )
         self.save_for_backward(logits, targets, ignore_index)
-        out = _into(out, (), logits.dtype)
+        if out is None:
+            return np.asarray(loss, dtype=logits.dtype)
         out[...] = loss
         return out
 
