@@ -228,8 +228,9 @@ class ShardedPlan:
         self.batch = next(a for a in rec.args if isinstance(a, np.ndarray)).shape[0]
         self.rows = self.batch // n
         loss_node = next(e for e in rec.program if e[0] == "backward")[1].node
+        # the loss's rows (the targets) and how many of them count (those not ignored)
         rows, self.count = loss_node.fn.batch_mean(loss_node.params)
-        self.targets_index = next(i for i, a in enumerate(rec.args) if a is loss_node.params[rows])
+        self.counted_index = next(i for i, a in enumerate(rec.args) if a is loss_node.params[rows])
         root = loss_node.out
         returned = result_values(result, rec.values)
         if any(v is not root for v in returned):
@@ -309,7 +310,7 @@ class ShardedPlan:
         return all(plan.still_valid() for plan in self.shards)
 
     def replay(self, args: tuple) -> Any:
-        self._seed(args[self.targets_index])
+        self._seed(args[self.counted_index])
         for step, _ in self.pre:
             step()
         with self.blas():
@@ -321,8 +322,8 @@ class ShardedPlan:
             step()
         return self._result(self._result_template)
 
-    def _seed(self, targets: np.ndarray) -> None:
-        kept = [self.count(targets[s * self.rows : (s + 1) * self.rows]) for s in range(self.n)]
+    def _seed(self, counted: np.ndarray) -> None:
+        kept = [self.count(counted[s * self.rows : (s + 1) * self.rows]) for s in range(self.n)]
         total = sum(kept)
         for plan, k in zip(self.shards, kept, strict=True):
             plan.shard.seed[...] = k / total if total else 0.0
@@ -378,7 +379,7 @@ class ShardedPlan:
         times: list[list[float]] = [[] for _ in first.program]
         rest: list[list[float]] = [[] for _ in range(1 + len(self.post))]
         for _ in range(reps):
-            self._seed(args[self.targets_index])
+            self._seed(args[self.counted_index])
             timed: list[float] = []
             with self.blas():
                 self._parallel(lambda s, t=timed: self._run_shard(s, args, t if s == 0 else None))
