@@ -72,25 +72,33 @@ def _on_last_axis(kernel, axis: int, *arrays: np.ndarray):
 # --- linear layer (notes 3.2, 10.4) -------------------------------------------------------------
 
 
+def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.matmul(a, b, out=out)
+
+
 class Linear(Op):
     # out = x @ W + b over the last axis of x (any leading dims), as one 2-d product:
     # dx = g @ W^T;  dW = x^T g;  db = sum of g over rows      (notes 10.4)
     # Flattening the leading dims turns dW into a single (in, N) @ (N, out) GEMM instead of a
-    # batched product followed by a sum.
-    def forward(self, x, weight, bias=None):
+    # batched product followed by a sum. A compiled step passes forward its output buffer and
+    # its matmul (split over two threads with fusion=True).
+    def forward(self, x, weight, bias=None, out=None, matmul=_matmul):
         if x.shape[-1] != weight.shape[0]:
             raise ValueError(
                 f"linear: x's last dimension {x.shape[-1]} must equal weight's in_features "
                 f"{weight.shape[0]} (x {x.shape}, weight {weight.shape})"
             )
         x2 = x.reshape(-1, x.shape[-1])
-        out = x2 @ weight
+        if out is None:
+            out = np.empty(x.shape[:-1] + weight.shape[1:], np.result_type(x, weight))
+        out2 = out.reshape(x2.shape[0], weight.shape[1])
+        matmul(x2, weight, out2)
         if bias is not None:
-            out += bias
+            np.add(out2, bias, out=out2)
         self.save_for_backward(x, weight, bias is not None)
-        return out.reshape(x.shape[:-1] + (weight.shape[1],))
+        return out
 
-    def backward(self, g):
+    def backward(self, g):  # (on arrays, or on Tensors under create_graph: ops.Op)
         x, weight, has_bias = self.saved
         need_x, need_w = self.needs_input_grad[:2]
         g2 = g.reshape(-1, g.shape[-1])
@@ -100,10 +108,66 @@ class Linear(Op):
             return gx, gw
         return gx, gw, (g2.sum(axis=0) if self.needs_input_grad[2] else None)
 
+    def backward_reads(self, c):  # x for dW, W for dx: each only if that gradient is made
+        x, w = c.inputs[:2]
+        return tuple(i for i, other in ((0, w), (1, x)) if other.requires_grad)
+
+    def compiled_forward(self, c):
+        vals, ids, out, matmul = c.vals, [v.id for v in c.inputs], c.out, c.matmul
+
+        def run() -> None:
+            self.forward(*[vals[i] for i in ids], out=out, matmul=matmul)
+
+        return run, "np.matmul(out=)" + (" + bias in place" if len(ids) == 3 else "")
+
+    def compiled_backward(self, c):  # backward's products, written into the gradient buffers
+        vals, g, matmul = c.vals, c.g, c.matmul
+        x, w = c.inputs[:2]
+        g2 = g.reshape(-1, g.shape[-1])
+        steps = []
+        if x.requires_grad:
+            gx, post = c.grad(0, (g2.shape[0], x.shape[-1]))
+            steps.append((lambda gx=gx: matmul(g2, vals[w.id].T, gx), post))
+        if w.requires_grad:
+            gw, post = c.grad(1)
+
+            def weight(gw=gw) -> None:
+                xv = vals[x.id]
+                matmul(xv.reshape(-1, xv.shape[-1]).T, g2, gw)
+
+            steps.append((weight, post))
+        if len(c.inputs) == 3 and c.inputs[2].requires_grad:
+            gb, post = c.grad(2)
+            if c.fusion is True:  # as a product with ones: 3x faster than the sum over rows
+                ones = np.ones(g2.shape[0], g2.dtype)
+                steps.append((lambda gb=gb: np.matmul(ones, g2, out=gb), post))
+            else:  # backward's sum (its order of additions)
+                steps.append((lambda gb=gb: np.sum(g2, axis=0, out=gb), post))
+
+        def run() -> None:
+            for step, post in steps:
+                step()
+                if post is not None:
+                    post()
+
+        return run, "np.matmul(out=) into the gradient buffers"
+
+    def batch_axis(self, axes, c):  # x's rows, W and b replicated
+        return _rowwise_axis(axes, c)
+
     def jvp(self, out, x_dot, w_dot, b_dot=None):  # out_dot = x_dot @ W + x @ W_dot + b_dot
         x, weight, _ = self.saved
         out_dot = x_dot @ weight + x @ w_dot
         return out_dot if b_dot is None else out_dot + b_dot
+
+
+def _rowwise_axis(axes: list, c: Any) -> int | None:
+    """The batch axis of an op applied to each row of its first input (not along its last
+    axis), the other inputs replicated (Linear, LayerNorm)."""
+    x = axes[0]
+    if x is None or any(a is not None for a in axes[1:]) or x >= len(c.shapes[0]) - 1:
+        return None
+    return x
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -140,6 +204,9 @@ class Rotary(Op):
     def backward(self, g):
         cos, sin = self.saved
         return (_rotate(g, cos, -sin),)
+
+    def backward_reads(self, c):  # its angle tables only
+        return ()
 
     def jvp(self, out, x_dot):  # out_dot = x_dot rotated by the same angles (it is linear)
         cos, sin = self.saved
@@ -302,6 +369,61 @@ class LayerNorm(Function):
             gr if need else None for gr, need in zip(grads, self.needs_input_grad, strict=True)
         )
 
+    # compiled: the Numba kernels of kernels.layer_norm_forward / _backward, into the buffers;
+    # forward keeps mean and rstd (one per row) for backward, which reads x and w besides
+    def backward_reads(self, c):
+        return (0, 1, 2) if c.numba else None
+
+    def compiled_forward(self, c):
+        if not c.numba:
+            return None
+        from autograd.kernels import layernorm
+
+        vals, (x, w, b), out = c.vals, (v.id for v in c.inputs), c.out
+        eps, cols = float(c.params.get("eps", 1e-5)), out.shape[-1]
+        rows = out.size // cols
+        mean, rstd = np.empty(rows, np.float64), np.empty(rows, np.float64)
+        self.saved = (mean, rstd)  # what compiled_backward reads
+        out2 = out.reshape(rows, cols)
+
+        def run() -> None:
+            xv = vals[x].reshape(rows, cols)
+            layernorm._layer_norm_rows(out.size, xv, vals[w], vals[b], eps, out2, mean, rstd)
+
+        return run, "Numba kernel into out, mean/rstd kept"
+
+    def compiled_backward(self, c):
+        from autograd.kernels import layernorm
+
+        vals, g, (x, w, _) = c.vals, c.g, c.inputs
+        mean, rstd = self.saved
+        cols = g.shape[-1]
+        rows = g.size // cols
+        chunks = min(layernorm.GRAD_CHUNKS, rows)
+        gw_part, gb_part = np.zeros((chunks, cols)), np.zeros((chunks, cols))
+        gw64, gb64 = np.empty(cols), np.empty(cols)
+        # the kernel writes all three: a frozen weight or bias gets a scratch buffer
+        gx, post_x = c.grad_or_scratch(0, (rows, cols))
+        gw, post_w = c.grad_or_scratch(1, (cols,))
+        gb, post_b = c.grad_or_scratch(2, (cols,))
+        g2, then = g.reshape(rows, cols), c.then(post_x, post_w, post_b)
+
+        def run() -> None:
+            gw_part.fill(0)
+            gb_part.fill(0)
+            xv = vals[x.id].reshape(rows, cols)
+            layernorm._layer_norm_backward_chunks(
+                g.size, g2, xv, vals[w.id], mean, rstd, gx, gw_part, gb_part
+            )
+            np.copyto(gw, np.sum(gw_part, axis=0, out=gw64), casting="same_kind")
+            np.copyto(gb, np.sum(gb_part, axis=0, out=gb64), casting="same_kind")
+            then()
+
+        return run, "Numba kernel into the gradient buffers"
+
+    def batch_axis(self, axes, c):  # x's rows, w and b replicated
+        return _rowwise_axis(axes, c)
+
     def vjp(self, g, output):  # the same formula in Tensor ops, the statistics recomputed
         (x, weight, _), eps = self.inputs, self.saved[-1]
         centred = x - x.mean(axis=-1, keepdims=True)
@@ -354,6 +476,48 @@ class RMSNorm(Function):
         gx, gw = kernels.rms_norm_backward(g, x, weight, rstd)
         need_x, need_w = self.needs_input_grad
         return (gx if need_x else None), (gw if need_w else None)
+
+    # compiled: the Numba kernels of kernels.rms_norm_forward / _backward, into the buffers
+    def backward_reads(self, c):  # x and w (and rstd, kept by the compiled forward)
+        return (0, 1)
+
+    def compiled_forward(self, c):
+        if not c.numba:
+            return None
+        from autograd.kernels import layernorm
+
+        vals, (x, w), out = c.vals, (v.id for v in c.inputs), c.out
+        eps, cols = float(c.params.get("eps", 1e-5)), out.shape[-1]
+        rows = out.size // cols
+        rstd = np.empty(rows, np.float64)
+        self.saved = (rstd,)  # what compiled_backward reads
+        out2 = out.reshape(rows, cols)
+
+        def run() -> None:
+            xv = vals[x].reshape(rows, cols)
+            layernorm._rms_norm_rows(out.size, xv, vals[w], eps, out2, rstd)
+
+        return run, "Numba kernel into out, rstd kept"
+
+    def compiled_backward(self, c):
+        from autograd.kernels import layernorm
+
+        vals, g, (x, w), (rstd,) = c.vals, c.g, c.inputs, self.saved
+        cols = g.shape[-1]
+        rows = g.size // cols
+        gw_part, gw64 = np.zeros((min(layernorm.GRAD_CHUNKS, rows), cols)), np.empty(cols)
+        gx, post_x = c.grad_or_scratch(0, (rows, cols))
+        gw, post_w = c.grad_or_scratch(1, (cols,))
+        g2, then = g.reshape(rows, cols), c.then(post_x, post_w)
+
+        def run() -> None:
+            gw_part.fill(0)
+            xv = vals[x.id].reshape(rows, cols)
+            layernorm._rms_norm_backward_chunks(g.size, g2, xv, vals[w.id], rstd, gx, gw_part)
+            np.copyto(gw, np.sum(gw_part, axis=0, out=gw64), casting="same_kind")
+            then()
+
+        return run, "Numba kernel into the gradient buffers"
 
     def vjp(self, g, output):  # the statistics recomputed as Tensors, then the same rule
         (x, weight), eps = self.inputs, self.saved[-1]
@@ -415,13 +579,23 @@ def gather(x: Tensor, index: Any, axis: int) -> Tensor:
 
 class Embedding(Function):
     # out[..., :] = W[idx, :];  dW[w] = sum of g rows where idx == w   (notes 10.9)
-    def forward(self, weight, idx=None):
+    def forward(self, weight, idx=None, out=None):
         self.save_for_backward(idx, weight.shape[0])
-        return weight[idx]
+        return np.take(weight, idx, axis=0, out=out)
 
     def backward(self, g):
         idx, num_embeddings = self.saved
         return (kernels.embedding_backward(idx, g, num_embeddings),)
+
+    def backward_reads(self, c):  # the ids only (a step argument's buffer, always there)
+        return ()
+
+    def compiled_forward(self, c):  # (it saves as eager: backward replays as it is)
+        vals, w, idx, out = c.vals, c.inputs[0].id, c.params["idx"], c.out
+        return (lambda: self.forward(vals[w], idx, out)), "np.take(out=)"
+
+    def batch_axis(self, axes, c):  # rows of the table for batched ids
+        return 0 if axes == [None] and c.batched == ("idx",) else None
 
     def vjp(self, g, output):
         idx, num_embeddings = self.saved
@@ -449,13 +623,16 @@ class CrossEntropy(Function):
     # L = mean over kept rows of (logsumexp(l) - l[y]);  dl = (softmax(l) - onehot(y)) / n  (10.3)
     # The forward computes L only; the backward computes dl (times g) in one fused pass of its
     # own, so no (N, V) gradient array lives from the forward to the backward beside the logits.
-    def forward(self, logits, targets=None, ignore_index=-100):
+    def forward(self, logits, targets=None, ignore_index=-100, out=None):
         flat_logits = logits.reshape(-1, logits.shape[-1])
         loss, _ = kernels.cross_entropy_forward(
             flat_logits, targets.reshape(-1), ignore_index, False
         )
         self.save_for_backward(logits, targets, ignore_index)
-        return np.asarray(loss, dtype=logits.dtype)
+        if out is None:
+            return np.asarray(loss, dtype=logits.dtype)
+        out[...] = loss
+        return out
 
     def backward(self, g):
         return (self._dlogits(g),)
@@ -465,6 +642,42 @@ class CrossEntropy(Function):
         flat = logits.reshape(-1, logits.shape[-1])
         _, dlogits = kernels.cross_entropy_forward(flat, targets.reshape(-1), ignore_index, True, g)
         return dlogits.reshape(logits.shape)
+
+    # compiled: the Numba pass of kernels.cross_entropy_forward, the loss only in forward and
+    # the gradient straight into the logits' gradient buffer in backward
+    def compiled_forward(self, c):
+        if not c.numba:
+            return None
+        vals, logits, out = c.vals, c.inputs[0].id, c.out
+        targets, ignore_index = c.params["targets"], c.params.get("ignore_index", -100)
+        return (lambda: self.forward(vals[logits], targets, ignore_index, out)), (
+            "Numba pass, the loss only"
+        )
+
+    def compiled_backward(self, c):
+        from autograd.kernels import softmax
+
+        vals, g, logits = c.vals, c.g, c.inputs[0]
+        targets, ignore_index = c.params["targets"].reshape(-1), c.params.get("ignore_index", -100)
+        gl, then = c.grad(0)
+        gl_rows = gl.reshape(-1, gl.shape[-1])
+        row_loss = np.empty(gl_rows.shape[0], np.float64)
+
+        def run() -> None:
+            kept = max(int(np.count_nonzero(targets != ignore_index)), 1)
+            scale = float(g) / kept  # as kernels.cross_entropy_forward(..., grad_scale=g)
+            rows = vals[logits.id].reshape(gl_rows.shape)
+            softmax._cross_entropy_rows(
+                rows.size, rows, targets, ignore_index, scale, True, row_loss, gl_rows
+            )
+            if then is not None:
+                then()
+
+        return run, "Numba pass into the logits' gradient"
+
+    def batch_mean(self, params):  # the mean over the rows whose target is not ignored
+        ignore_index = params.get("ignore_index", -100)
+        return "targets", lambda targets: int(np.count_nonzero(targets != ignore_index))
 
     def vjp(self, g, output):  # (softmax(l) - onehot(y)) / n, with softmax(l) a Tensor
         (logits,), (_, targets, ignore_index) = self.inputs, self.saved
@@ -533,6 +746,41 @@ class Gelu(Function):
             return (kernels.gelu_backward(g, x, saved),)
         return (g * (saved + x * _normal_pdf(x)),)
 
+    # compiled (tanh): the Numba kernels of kernels.gelu_forward / _backward, y only: backward
+    # recomputes tanh(u) from x (no (B, T, 4C) array of t written or kept per layer)
+    def backward_reads(self, c):
+        return (0,) if c.numba else None
+
+    def compiled_forward(self, c):
+        if not c.numba or c.params.get("approximate", "tanh") != "tanh":
+            return None
+        from autograd.kernels import gelu
+
+        vals, x, out = c.vals, c.inputs[0].id, c.out
+        flat_out = out.reshape(-1)
+        s, a_s, _ = gelu.constants(out.dtype)
+        return (
+            lambda: gelu._gelu_output(out.size, vals[x].reshape(-1), flat_out, s, a_s)
+        ), "Numba kernel into out"
+
+    def compiled_backward(self, c):
+        from autograd.kernels import gelu
+
+        vals, g, x = c.vals, c.g, c.inputs[0]
+        gx, then = c.grad(0, (g.size,))
+        g1 = g.reshape(-1)
+        s, a_s, a3_s = gelu.constants(g.dtype)
+
+        def run() -> None:
+            gelu._gelu_grads_of_x(g.size, g1, vals[x.id].reshape(-1), gx, s, a_s, a3_s)
+            if then is not None:
+                then()
+
+        return run, "one Numba pass: tanh(u) recomputed from x, into the gradient buffer"
+
+    def batch_axis(self, axes, c):  # elementwise
+        return axes[0]
+
     def vjp(self, g, output):  # the same derivatives in Tensor ops (t and Phi recomputed)
         (x,), approximate = self.inputs, self.saved[2]
         if approximate == "none":
@@ -591,6 +839,35 @@ class SiLU(Function):
     def backward(self, g):
         (x,) = self.saved
         return (kernels.silu_backward(g, x),)
+
+    # compiled: the Numba kernels of kernels.silu_forward / _backward, into the buffers
+    def backward_reads(self, c):  # x (s is recomputed from it)
+        return (0,)
+
+    def compiled_forward(self, c):
+        if not c.numba:
+            return None
+        from autograd.kernels import silu
+
+        vals, x, out = c.vals, c.inputs[0].id, c.out
+        flat_out = out.reshape(-1)
+        return (
+            lambda: silu._silu_values(out.size, vals[x].reshape(-1), flat_out)
+        ), "Numba kernel into out"
+
+    def compiled_backward(self, c):  # dx = g s (1 + x (1 - s)), s recomputed in the same pass
+        from autograd.kernels import silu
+
+        vals, g, x = c.vals, c.g.reshape(-1), c.inputs[0]
+        gx, then = c.grad(0)
+        flat_gx = gx.reshape(-1)
+
+        def run() -> None:
+            silu._silu_grads(g.size, g, vals[x.id].reshape(-1), flat_gx)
+            if then is not None:
+                then()
+
+        return run, "one Numba pass: sigmoid recomputed from x, into the gradient buffer"
 
     def vjp(self, g, output):  # the same rule on Tensors (s from Tensor ops)
         (x,) = self.inputs
@@ -667,6 +944,113 @@ class Attention(Function):
         q, k, v, o, lse, causal = self.saved
         return kernels.attention_backward(q, k, v, o, lse, g, causal)
 
+    # compiled, fusion=True (not "exact": its sums run in another order than the kernels'), for
+    # self-attention (Tq = Tk, Dv = D): P = softmax(q k^T scale) by batched products over the
+    # strided q/k/v views of the projections (no copies), each causal product over the allowed
+    # row blocks only (_row_blocks). P is not kept between forward and backward (a (B, H, T, T)
+    # array per layer, more than q, k and v): backward recomputes it, as FlashAttention does.
+    def _fused(self, c) -> bool:
+        q, k, v = c.inputs
+        return c.numba and c.fusion is True and q.shape[2:] == k.shape[2:] and k.shape == v.shape
+
+    def backward_reads(self, c):  # q, k, v (P is recomputed from q and k), not the output
+        return (0, 1, 2) if self._fused(c) else None
+
+    def compiled_forward(self, c):  # o = P v
+        if not self._fused(c):
+            return None
+        vals, v, matmul, out = c.vals, c.inputs[2].id, c.matmul, c.out
+        B, H, T, _ = out.shape
+        kv_heads = c.inputs[2].shape[1]
+        probs = c.scratch((B, H, T, T), out.dtype)  # for this forward only
+        probabilities = _attention_probs(c, probs)
+        blocks = _row_blocks(T, bool(c.params.get("causal", True)))
+        probs_g, out_g = _by_kv_head(probs, kv_heads), _by_kv_head(out, kv_heads)
+
+        def run() -> None:
+            probabilities()
+            vv = vals[v][:, :, None]
+            for r0, r1 in blocks:
+                matmul(probs_g[..., r0:r1, :r1], vv[..., :r1, :], out_g[..., r0:r1, :])
+
+        return run, (
+            f"fused: q k^T, softmax in place, P v in {len(blocks)} causal row block(s); "
+            "no copies of q, k, v"
+        )
+
+    def compiled_backward(self, c):
+        # gv = P^T g;  dS = P (dP - rowsum(P dP)) scale, dP = g v^T;  gq = dS k;  gk = dS^T q;
+        # with grouped K/V heads, gk and gv are made per query head, then summed over each group
+        from autograd.kernels import attention
+
+        vals, g, matmul = c.vals, c.g, c.matmul
+        q, k, v = c.inputs
+        scale = attention._scale(g)
+        causal, kv_heads = bool(c.params.get("causal", True)), k.shape[1]
+        B, H, T, D = g.shape
+        probs, dp = (c.scratch((B, H, T, T), g.dtype) for _ in range(2))
+        probabilities = _attention_probs(c, probs)  # P again, from q and k
+        rows = probs.size // probs.shape[-1]
+        p2, dp2 = probs.reshape(rows, -1), dp.reshape(rows, -1)
+        probs_g, dp_g, g_g = (_by_kv_head(a, kv_heads) for a in (probs, dp, g))
+        blocks = _row_blocks(T, causal)
+
+        def per_query_head(i: int) -> tuple[np.ndarray, Any]:
+            """(buffer for the products, then-what) for K or V's gradient: the gradient's own
+            buffer, or (grouped heads) a per-query-head scratch then summed over each group."""
+            buf, then = c.grad(i)
+            if kv_heads == H:
+                return buf, then
+            full = c.scratch((B, H, T, D), g.dtype)
+            summed = _by_kv_head(full, kv_heads)
+            return full, c.then(lambda: np.sum(summed, axis=2, out=buf), then)
+
+        steps = []
+        if v.requires_grad:
+            gv, then = per_query_head(2)
+
+            def value() -> None:  # keys r0:r1 get P^T g from the queries r0: that see them
+                for r0, r1 in blocks:
+                    pt = probs[..., r0:, r0:r1].swapaxes(-1, -2)
+                    matmul(pt, g[..., r0:, :], gv[..., r0:r1, :])
+
+            steps.append((value, then))
+        if q.requires_grad:
+            gq, then = c.grad(0)
+            gq_g = _by_kv_head(gq, kv_heads)
+
+            def query() -> None:
+                kv = vals[k.id][:, :, None]
+                for r0, r1 in blocks:
+                    matmul(dp_g[..., r0:r1, :r1], kv[..., :r1, :], gq_g[..., r0:r1, :])
+
+            steps.append((query, then))
+        if k.requires_grad:
+            gk, then = per_query_head(1)
+
+            def key() -> None:
+                qv = vals[q.id]
+                for r0, r1 in blocks:
+                    matmul(dp[..., r0:, r0:r1].swapaxes(-1, -2), qv[..., r0:, :], gk[..., r0:r1, :])
+
+            steps.append((key, then))
+
+        def run() -> None:
+            probabilities()
+            vv = vals[v.id][:, :, None]
+            for r0, r1 in blocks:
+                matmul(g_g[..., r0:r1, :], vv[..., :r1, :].swapaxes(-1, -2), dp_g[..., r0:r1, :r1])
+            attention._probs_backward(dp.size, p2, dp2, causal, scale)  # in place: dS
+            for step, then in steps:
+                step()
+                if then is not None:
+                    then()
+
+        return run, "fused: P recomputed, four batched products (causal row blocks), one Numba pass"
+
+    def batch_axis(self, axes, c):  # over (B, H, T, D): each batch row attends to its own
+        return 0 if axes == [0, 0, 0] and len(c.out_shape) == 4 else None
+
     def vjp(self, g, output):  # the composite reference: A recomputed from Tensor ops
         q, k, v = self.inputs
         kv_heads, (k, v) = k.shape[1], (per_query_head(t, q.shape[1]) for t in (k, v))
@@ -685,6 +1069,46 @@ class Attention(Function):
         scores = np.where(allowed, q @ np.swapaxes(k, -1, -2) * scale, -np.inf)
         a = kernels.softmax_forward(scores)
         return _attention_jvp(q, k, v, a, q_dot, k_dot, v_dot, scale)
+
+
+# Causal products skip the masked future a block of query rows at a time: rows r0:r1 need keys
+# :r1 only (T = 256: 10 of 16 (64 x 64) blocks of each T x T product; blocks of 32 ran slower).
+CAUSAL_BLOCK = 64
+
+
+def _row_blocks(T: int, causal: bool) -> list[tuple[int, int]]:
+    """Query-row blocks (r0, r1): rows r0:r1 of S = q k^T need keys :r1, and keys r0:r1 of
+    P^T g need query rows r0: (causal); one block, the whole square, otherwise."""
+    if not causal or T <= CAUSAL_BLOCK:
+        return [(0, T)]
+    return [(r0, min(r0 + CAUSAL_BLOCK, T)) for r0 in range(0, T, CAUSAL_BLOCK)]
+
+
+def _by_kv_head(a: np.ndarray, kv_heads: int) -> np.ndarray:
+    """(B, H, ...) -> (B, Hkv, H / Hkv, ...) view: each K/V head's query heads side by side, so
+    that a product with the K/V head (given a size-1 axis there) broadcasts over the group."""
+    return a.reshape(a.shape[0], kv_heads, a.shape[1] // kv_heads, *a.shape[2:])
+
+
+def _attention_probs(c: Any, probs: np.ndarray) -> Any:
+    """A step writing P = softmax(q k^T scale) into probs, over the allowed key blocks (causal:
+    the future set to 0), for Attention's compiled forward and backward (c: its OpContext)."""
+    from autograd.kernels import attention
+
+    vals, (q, k), matmul = c.vals, (x.id for x in c.inputs[:2]), c.matmul
+    causal, kv_heads = bool(c.params.get("causal", True)), c.inputs[1].shape[1]
+    B, H, T, _ = probs.shape
+    heads, lse = probs.reshape(B * H, T, T), np.empty((B * H, T), probs.dtype)
+    scale, blocks = attention._scale(vals[q]), _row_blocks(T, causal)
+    probs_g = _by_kv_head(probs, kv_heads)
+
+    def run() -> None:
+        qv, kv = _by_kv_head(vals[q], kv_heads), vals[k][:, :, None]
+        for r0, r1 in blocks:
+            matmul(qv[..., r0:r1, :], kv[..., :r1, :].swapaxes(-1, -2), probs_g[..., r0:r1, :r1])
+        attention._probs_forward(probs.size, heads, scale, causal, 0, lse, 0)
+
+    return run
 
 
 def per_query_head(t: Any, heads: int) -> Any:

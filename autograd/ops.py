@@ -18,6 +18,7 @@ from the arrays forward saved; it is the linear map whose transpose backward app
 
 from __future__ import annotations
 
+import math
 from itertools import pairwise
 from typing import Any
 
@@ -126,13 +127,48 @@ def unsqueeze(x: Any, axis: int) -> Any:
 
 class Add(Op):
     # out = a + b;  da = g, db = g
-    def forward(self, a, b):
+    def forward(self, a, b, out=None):
         self.save_for_backward(a.shape, b.shape)
-        return a + b
+        return np.add(a, b, out=out)
 
     def backward(self, g):
         a_shape, b_shape = self.saved
         return sum_to(g, a_shape, copy=True), sum_to(g, b_shape, copy=True)
+
+    def backward_reads(self, c):  # neither a nor b
+        return ()
+
+    def compiled_forward(self, c):
+        vals, (a, b), out = c.vals, (v.id for v in c.inputs), c.out
+        return (lambda: self.forward(vals[a], vals[b], out=out)), "np.add(out=)"
+
+    def compiled_backward(self, c):  # g into each input's gradient (summed back if broadcast)
+        g = c.g
+        targets = [
+            (c.add_grad(i), None if v.shape == g.shape else v.shape)
+            for i, v in enumerate(c.inputs)
+            if v.requires_grad
+        ]
+
+        def run() -> None:
+            for target, shape in targets:
+                target(g if shape is None else unbroadcast(g, shape))
+
+        return run, "gradient copied / added into the inputs' buffers"
+
+    def batch_axis(self, axes, c):  # the operands' batch axes, aligned at the right, agree
+        nd = len(c.out_shape)  # and a replicated operand is broadcast along that axis
+        mapped = {x + nd - len(s) for s, x in zip(c.shapes, axes, strict=True) if x is not None}
+        if len(mapped) != 1:
+            return None
+        axis = mapped.pop()
+        for shape, x in zip(c.shapes, axes, strict=True):
+            p = axis - (nd - len(shape))
+            if x is None and p >= 0 and shape[p] != 1:
+                return None
+            if x is not None and shape[x] != c.out_shape[axis]:
+                return None
+        return axis
 
     def jvp(self, out, a_dot, b_dot):  # out_dot = a_dot + b_dot (broadcast)
         return a_dot + b_dot
@@ -164,6 +200,10 @@ class Mul(Op):
         return (sum_to(g * b, a.shape) if need_a else None), (
             sum_to(g * a, b.shape) if need_b else None
         )
+
+    def backward_reads(self, c):  # each factor only if the other one gets a gradient
+        a, b = c.inputs
+        return tuple(i for i, other in ((0, b), (1, a)) if other.requires_grad)
 
     def jvp(self, out, a_dot, b_dot):  # out_dot = a_dot b + a b_dot  (the product rule)
         a, b = self.saved
@@ -346,6 +386,9 @@ class Sigmoid(Op):
         (out,) = self.saved
         return (g * out * (1 - out),)
 
+    def backward_reads(self, c):  # its own copy of the output, not the output's buffer
+        return ()
+
     def jvp(self, out, a_dot):  # out_dot = out (1 - out) a_dot
         return out * (1 - out) * a_dot
 
@@ -445,6 +488,33 @@ class Reshape(Op):
         (shape,) = self.saved
         return (own(g.reshape(shape)),)
 
+    def makes_view(self, params):
+        return True
+
+    def backward_reads(self, c):
+        return ()
+
+    def compiled_forward(self, c):  # a reshape that numpy had to copy (of a transposed view):
+        vals, x = c.vals, c.inputs[0]  # the same C-order copy, into out
+        target = c.out.reshape(x.shape)
+        note = "copy into out (a reshape of a strided view)"
+        return (lambda: np.copyto(target, vals[x.id])), note
+
+    def compiled_backward(self, c):
+        g, shape, add = c.g, c.inputs[0].shape, c.add_grad(0)
+        return (lambda: add(g.reshape(shape))), "reshape into the input's gradient"
+
+    def batch_axis(self, axes, c):  # each shard's rows: one contiguous block in both shapes
+        (shape,), (axis,), new = c.shapes, axes, c.out_shape
+        if math.prod(shape[:axis]) == 1:
+            j = next((i for i, d in enumerate(new) if d != 1), None)
+            if j is not None and new[j] % c.n == 0:
+                return j
+        return None
+
+    def shard_params(self, params, out_shape):
+        return {**params, "shape": out_shape}
+
     def jvp(self, out, a_dot):  # out_dot = a_dot viewed with out's shape
         return a_dot.reshape(out.shape)
 
@@ -463,6 +533,18 @@ class Transpose(Op):
     def backward(self, g):
         (axes,) = self.saved
         return (own(g.transpose(*np.argsort(axes).tolist())),)
+
+    def makes_view(self, params):
+        return True
+
+    def compiled_backward(self, c):
+        g, add, inverse = c.g, c.add_grad(0), tuple(np.argsort(self.saved[0]))
+        return (lambda: add(np.transpose(g, inverse))), "transpose into the input's gradient"
+
+    def batch_axis(self, axes, c):  # where the permutation takes the batch axis
+        given = self.saved[0] if self.saved else c.params.get("axes")
+        perm = list(range(len(c.shapes[0])))[::-1] if given is None else list(given)
+        return perm.index(axes[0] % len(perm))
 
     def jvp(self, out, a_dot):  # out_dot = a_dot with the same permutation
         (axes,) = self.saved
@@ -484,6 +566,28 @@ class GetItem(Op):
     def backward(self, g):
         shape, index = self.saved
         return (scatter_add(g, shape, index),)
+
+    def makes_view(self, params):  # slices and integers (a view), not a gather
+        return _is_basic_index(params.get("index"))
+
+    def compiled_backward(self, c):  # g written (or added) into its region of the gradient
+        g, index = c.g, c.params["index"]
+        gx, first = c.grad_buffer(0)
+
+        def run() -> None:
+            if first:
+                gx.fill(0)
+                gx[index] = g
+            else:
+                gx[index] += g
+
+        return run, "scatter into the input's gradient"
+
+    def batch_axis(self, axes, c):  # an integer index on an axis before the batch axis
+        index = c.params.get("index")
+        if isinstance(index, (int, np.integer)) and axes[0] > 0:
+            return axes[0] - 1
+        return None
 
     def jvp(self, out, a_dot):  # out_dot = a_dot[index]
         _, index = self.saved
@@ -537,6 +641,9 @@ class BroadcastTo(Op):
     def backward(self, g):
         (shape,) = self.saved
         return (sum_to(g, shape, copy=True),)
+
+    def backward_reads(self, c):  # the input's shape only
+        return ()
 
     def jvp(self, out, a_dot):  # out_dot = a_dot repeated up to `shape` (it is linear)
         return np.broadcast_to(a_dot, out.shape)

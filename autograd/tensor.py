@@ -10,7 +10,7 @@ the sum of both contributions (`+=`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -128,6 +128,54 @@ class Function:
         raise NotImplementedError(
             f"{self.name} has no JVP rule (Function.jvp), so forward mode cannot go through it"
         )
+
+    # --- the compiled form (autograd.compile, CONTRIBUTING.md "Adding an op") ----------------
+    # A compiled step replays every op. These methods tell it how; the defaults mean "replay my
+    # own forward and VJP" (the result copied into a planned buffer, the gradients added into
+    # the inputs'), so a new op is compiled as soon as forward and backward exist. `c` is the
+    # op's view of the plan (autograd.compile.plan.OpContext): its inputs' slots and Values, its
+    # output and gradient buffers, scratch buffers, the `fusion` flag and `matmul`.
+
+    def compiled_forward(self, c: Any) -> tuple[Callable[[], None], str] | None:
+        """(a step writing this op's output into c.out, a note for the plan's printout), or
+        None: the step calls forward() and copies its result. If the step does not call
+        forward (which saves for backward), compiled_backward must return a step too."""
+        return None
+
+    def compiled_backward(self, c: Any) -> tuple[Callable[[], None], str] | None:
+        """(a step adding the inputs' gradients from c.g into c.grad(i) buffers, a note), or
+        None: the step calls backward() and adds what it returns."""
+        return None
+
+    def backward_reads(self, c: Any) -> tuple[int, ...] | None:
+        """Positions of the inputs whose arrays the compiled backward reads (the plan keeps
+        those buffers alive until then and reuses the rest); None: the inputs and the output,
+        whatever the VJP saved."""
+        return None
+
+    def makes_view(self, params: dict) -> bool:
+        """Whether forward returns a view of its first input (the same view of any array of
+        that shape): a compiled step makes it once, on the input's buffer."""
+        return False
+
+    def batch_axis(self, axes: list[int | None], c: Any) -> int | None:
+        """The output's batch axis, given each input's (None: replicated, at least one not),
+        for a step sharded over the batch rows (autograd/compile/shard.py); None: this op does
+        not keep the rows apart. c.shapes, c.out_shape, c.params, c.batched (the names of the
+        keyword parameters that are the step's batched arguments) and c.n (shards) describe
+        the call."""
+        return None
+
+    def shard_params(self, params: dict, out_shape: tuple[int, ...]) -> dict:
+        """The keyword parameters that give this op the output shape `out_shape` (one batch
+        shard's): the same, unless a parameter spells the output's shape."""
+        return params
+
+    def batch_mean(self, params: dict) -> tuple[str, Callable[[np.ndarray], int]] | None:
+        """For a loss that is a mean over batch rows: (the keyword parameter holding the rows,
+        a function counting the rows of it that count); a sharded step weights each shard's loss
+        by its count. None: not such a loss."""
+        return None
 
     @property
     def name(self) -> str:

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from autograd.compile import lowering
+from autograd import functional as F
 from benchmarks.configs import parse_config
 
 
@@ -50,7 +50,7 @@ def step_products(config: Any, shards: int) -> list[tuple[str, int, tuple, tuple
         out.append((f"{name} dX = g W^T", count, (m, n), (k, n), False, True))
         out.append((f"{name} dW = x^T g", count, (m, k), (m, n), True, False))
     L = config.n_layer
-    for r0, r1 in lowering._row_blocks(t, causal=True):  # as the fused attention skips the future
+    for r0, r1 in F._row_blocks(t, causal=True):  # as the fused attention skips the future
         rows, where = r1 - r0, f" rows {r0}:{r1}" if (r0, r1) != (0, t) else ""
         qk = (heads, rows, d), (heads, r1, d), False, True
         pv = (heads, rows, r1), (heads, r1, d), False, False

@@ -15,7 +15,7 @@ import autograd
 import autograd.functional as F
 import nn
 from autograd import Tensor, TraceError
-from autograd.compile import lowering, shard
+from autograd.compile import matmul, shard
 from autograd.compile import plan as plan_module
 from models.architectures.gpt import GPT, GPTConfig
 
@@ -168,9 +168,9 @@ def test_fusion_on_float64_within_1e_12():
 def test_causal_row_blocks_within_1e_12(monkeypatch):
     # The fused attention skips the masked future a block of query rows at a time; blocks of 5
     # rows cut T = 16 into 5 + 5 + 5 + 1, so every product runs on uneven blocks and a tail.
-    monkeypatch.setattr(lowering, "CAUSAL_BLOCK", 5)
-    assert lowering._row_blocks(16, True) == [(0, 5), (5, 10), (10, 15), (15, 16)]
-    assert lowering._row_blocks(16, False) == [(0, 16)]
+    monkeypatch.setattr(F, "CAUSAL_BLOCK", 5)
+    assert F._row_blocks(16, True) == [(0, 5), (5, 10), (10, 15), (15, 16)]
+    assert F._row_blocks(16, False) == [(0, 16)]
     losses, _, p1, p2, _ = _run(np.float64, fusion=True)
     np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-12)
     for name in p1:
@@ -315,13 +315,11 @@ def test_replacing_a_parameter_array_retraces():
     "a_shape, b_shape", [((300, 40), (40, 50)), ((40, 300), (300, 500)), ((6, 30, 8), (6, 8, 30))]
 )
 def test_split_products_equal_numpy(monkeypatch, a_shape, b_shape):
-    from autograd.compile import lowering
-
-    monkeypatch.setattr(lowering, "SPLIT_MIN_WORK", 1)  # split even these small products
+    monkeypatch.setattr(matmul, "SPLIT_MIN_WORK", 1)  # split even these small products
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
     out = np.empty(np.matmul(a, b).shape)
-    lowering.split_matmul(a, b, out)
+    matmul.split_matmul(a, b, out)
     np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
 
 
@@ -362,7 +360,7 @@ def test_exact_fusion_replays_eager_bit_for_bit(dtype, size, monkeypatch):
     # product split in two halves rounds like the whole one depends on the BLAS kernel (OpenBLAS's
     # Haswell kernel: it does not), so "exact" must never split, however small the split
     # threshold. "wide": products large enough (128 x 256 x 64) for OpenBLAS to use its threads.
-    monkeypatch.setattr(lowering, "SPLIT_MIN_WORK", 1)
+    monkeypatch.setattr(matmul, "SPLIT_MIN_WORK", 1)
     n_embd, rows, steps = (16, 3, STEPS) if size == "tiny" else (64, 8, 6)
     plans = []
     losses, norms, p1, p2, _ = _run(

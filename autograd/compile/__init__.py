@@ -2,8 +2,10 @@
 memory, replay it. Read in this order:
 
     recorder.py   trace: what one eager call did, refusing what a replay could not repeat
-    plan.py       plan: a slot per value, liveness, the arena, one closure per replay step
-    lowering.py   the ops a plan runs into arena buffers with out=, and the fusions
+    plan.py       plan: a slot per value, liveness, the arena, one closure per replay step;
+                  each op's step is the op's own (autograd.tensor.Function's compiled form)
+    matmul.py     large products split over two threads (fusion=True)
+    optimizer.py  the fused optimizer over flat buffers
     shard.py      the batch split over threads, one plan per shard
     optimizer.py  how a plan asks the optimizer for its update over flat buffers
     compiler.py   compile(): one plan per argument signature, trace on the first call, replay

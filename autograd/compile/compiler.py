@@ -12,11 +12,12 @@ Three stages, like tinygrad's TinyJit and llm.c's single activation buffer:
    clipping and the optimizer update. Reading a traced tensor's value (`.item()`, `bool()`,
    `np.asarray`) means Python control flow on data, which a replay cannot follow: it is refused
    with a TraceError, as are ops inside backward (create_graph, higher order).
-2. Plan (plan.py beside this file; the recorder is recorder.py). Each value gets a slot; the
-   ops the lowering knows (Linear, LayerNorm, GELU, add, embedding, views, ...) get output and
-   gradient buffers from an arena planned from liveness (a buffer is reused once its value is
-   dead), write them with `out=`, and accumulate gradients in place. Other ops replay their
-   own forward / VJP. With fusion on, AdamW runs as one kernel over a flat parameter buffer.
+2. Plan (plan.py beside this file; the recorder is recorder.py). Each value gets a slot and
+   output and gradient buffers from an arena planned from liveness (a buffer is reused once its
+   value is dead). Each op is asked for its compiled form (Function.compiled_forward /
+   compiled_backward, beside its forward and VJP): a step writing into those buffers with
+   `out=` and accumulating gradients in place; an op without one replays its own forward / VJP.
+   With fusion on, AdamW runs as one kernel over a flat parameter buffer.
 3. Replay. A list of closures over the slots: no Tensor or Function created, no topological sort.
 
 A new shape or dtype of an argument traces again (one plan per key). Non-array arguments are part

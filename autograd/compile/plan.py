@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from autograd.compile import lowering
+from autograd import kernels
+from autograd.compile import matmul as products
 from autograd.compile.optimizer import fused_update
 from autograd.compile.recorder import Node, Recompute, Recorder, Segment, Value
 from autograd.tensor import Tensor
@@ -105,14 +106,14 @@ class Plan:
         self.call_out: list[Any] = []
         self.leaves = [v for v in self.values if v.kind == "leaf"]
         self.inputs: list[tuple[int, np.ndarray]] = []
-        self._lowered = 0
+        self._compiled = 0
         self._generic = 0
         # fusion=True: BLAS single-threaded during a replay, large products split over two threads.
         # Never with "exact": whether a split product rounds like the whole one depends on the
         # BLAS kernel (OpenBLAS's Haswell kernel does not), so exact products run whole, with the
         # BLAS's own threads, as eager calls them.
         self.blas = _blas_controller() if fusion is True and shard is None else None
-        self.matmul = lowering.split_matmul if self.blas is not None else _matmul
+        self.matmul = products.split_matmul if self.blas is not None else _matmul
         # Each array argument gets a buffer of its own, refilled at the start of every replay;
         # ops read the buffer (as a tensor's data, or as a parameter such as embedding ids).
         for i in sorted(rec.used_args):
@@ -177,10 +178,10 @@ class Plan:
         last_r: dict[int, float] = {}  # the recomputed buffers of checkpointed segments
         for node in rec.nodes:
             out = node.out.id
-            view = node.view_of if node.view_of is not None else lowering.view_input(node)
+            view = node.view_of if node.view_of is not None else view_input(node)
             self.root[out] = self.root.get(view.id, view.id) if view is not None else out
-            # this op uses its inputs and output; its backward, what it saved
-            saved = lowering.saved_for_backward(self, node)
+            # this op uses its inputs and output; its backward, what the op says it reads
+            saved = self._backward_reads(node)
             segment = self.segment_of.get(id(node))
             for v in [*node.inputs, node.out]:
                 r = self.root.get(v.id, v.id)
@@ -204,7 +205,7 @@ class Plan:
         self.phases: dict[int, dict] = {}  # a checkpointed segment's arrays and RNG states
         self.has_grad: set[int] = set()
         self.aliased: set[int] = set()  # gradients that are views of another value's gradient
-        self.lowered: set[int] = set()
+        self.compiled: set[int] = set()
         self.consumers: dict[int, list[Node]] = {}
         for node in rec.nodes:
             for v in node.inputs:
@@ -244,6 +245,31 @@ class Plan:
         for buf in self.release_at.pop(position, []):
             self.arena.release(buf)
 
+    def _backward_reads(self, node: Node) -> list[Value]:
+        """The values of the forward that node's backward reads, as the op declares them
+        (Function.backward_reads): the others can die early. A view's backward reads nothing."""
+        if view_input(node) is not None:
+            return []
+        reads = node.fn.backward_reads(OpContext(self, node, -1))
+        if reads is None:  # its own VJP: whatever forward saved, inputs or output
+            return [*node.inputs, node.out]
+        return [node.inputs[i] for i in reads]
+
+    def _op_forward(self, node: Node, position: int) -> tuple[Callable[[], None], str]:
+        """The op's forward step: a view made once, the op's compiled form (into its planned
+        output buffer), or its own forward, copied (Function.compiled_forward)."""
+        fn, vals = node.fn, self.vals
+        if view_input(node) is not None:  # made once, at plan time: its input's buffer stays
+            vals[node.out.id] = fn.forward(vals[node.inputs[0].id], **node.params)
+            self.compiled.add(id(node))
+            return (lambda: None), "view of its input's buffer (made once)"
+        c = OpContext(self, node, position)
+        compiled = fn.compiled_forward(c)
+        if compiled is None:
+            return self._generic_forward(c), "replays its own forward"
+        self.compiled.add(id(node))
+        return compiled
+
     def _forward(self, node: Node) -> None:
         segment = self.segment_of.get(id(node))
         if segment is not None and node is segment.nodes[0]:
@@ -253,13 +279,11 @@ class Plan:
                 "inputs are kept, the rest is recomputed in backward",
             )
         position = self.pos_f[id(node)]
-        step, note = lowering.forward(self, node, position)
-        if step is None:
-            step, note = self._generic_forward(node, position), "replays its own forward"
-            self._generic += 1
+        step, note = self._op_forward(node, position)
+        if id(node) in self.compiled:
+            self._compiled += 1
         else:
-            self._lowered += 1
-            self.lowered.add(id(node))
+            self._generic += 1
         self._emit(step, f"fwd  {position:4d} {node.name:<14} -> {_shape(node.out)}  {note}")
         self._end_of(position)
         if segment is not None and node is segment.nodes[-1]:
@@ -290,7 +314,7 @@ class Plan:
     def _segment_forward_done(self, segment: Segment) -> None:
         phase = self.phases[segment.index]
         phase["forward"] = {node.out.id: self.vals[node.out.id] for node in segment.nodes}
-        replayed = [node.fn for node in segment.nodes if id(node) not in self.lowered]
+        replayed = [node.fn for node in segment.nodes if id(node) not in self.compiled]
         if replayed:  # what those ops saved for their backward is recomputed as well
 
             def drop_saved() -> None:
@@ -319,9 +343,7 @@ class Plan:
         self.recomputing = True
         for node in segment.nodes:
             position = self.pos_r[id(node)]
-            step, note = lowering.forward(self, node, position)
-            if step is None:
-                step, note = self._generic_forward(node, position), "replays its own forward"
+            step, note = self._op_forward(node, position)
             self._emit(step, f"rfwd {position:4d} {node.name:<14} -> {_shape(node.out)}  {note}")
             self._end_of(position)
         self.recomputing = False
@@ -334,14 +356,12 @@ class Plan:
         p = node.params[key]
         return self._input_arrays.get(id(p), p)
 
-    def lowered_forward(self, node: Node) -> bool:
-        return id(node) in self.lowered
-
-    def _generic_forward(self, node: Node, position: int) -> Callable[[], None]:
+    def _generic_forward(self, c: OpContext) -> Callable[[], None]:
         """fn.forward on the slots' arrays; the output is copied into its arena buffer (a view
         output stays a view: it shares its input's buffer)."""
+        node = c.node
         fn, vals, ins, out = node.fn, self.vals, [v.id for v in node.inputs], node.out.id
-        params = {k: self.param(node, k) for k in node.params}
+        params = c.params
         if node.view_of is not None:
 
             def run_view() -> None:
@@ -349,8 +369,7 @@ class Plan:
 
             run_view()
             return run_view
-        buf = self.buffer(node.out, position)
-        vals[out] = buf
+        buf = c.out
 
         def run() -> None:
             np.copyto(buf, fn.forward(*[vals[i] for i in ins], **params))
@@ -367,9 +386,7 @@ class Plan:
                 self._recompute(node.segment)
                 continue
             position = self.pos_b[id(node)]
-            step, note = lowering.backward(self, node, position)
-            if step is None:
-                step, note = self._generic_backward(node, position), "replays its own VJP"
+            step, note = self._op_backward(node, position)
             self._emit(step, f"bwd  {position:4d} {node.name:<14} <- {_shape(node.out)}  {note}")
             self._end_of(position)
             out = node.out.id
@@ -405,6 +422,23 @@ class Plan:
                 np.add(old, new, out=old)
 
         return run
+
+    def _op_backward(self, node: Node, position: int) -> tuple[Callable[[], None], str]:
+        """The op's VJP step: its compiled form (Function.compiled_backward) if its forward ran
+        in its compiled form, else its own backward, the gradients added into the buffers."""
+        compiled = None
+        if view_input(node) is not None:
+            x = node.inputs[0]
+            if not x.requires_grad:
+                return (lambda: None), "no gradient needed"
+            if node.out.id in self.aliased:
+                self.has_grad.add(x.id)  # complete once every view's consumers have written
+                return (lambda: None), "nothing to do: its gradient is a view of its input's"
+        if id(node) in self.compiled:
+            compiled = node.fn.compiled_backward(OpContext(self, node, position))
+        if compiled is None:
+            return self._generic_backward(node, position), "replays its own VJP"
+        return compiled
 
     def _generic_backward(self, node: Node, position: int) -> Callable[[], None]:
         fn, grads, out = node.fn, self.grads, node.out.id
@@ -456,22 +490,20 @@ class Plan:
     def _alias_base(self, v: Value) -> Value | None:
         """The input whose gradient buffer v's gradient can be a view of (see grad_buffer)."""
         node = v.node
-        if node is None or lowering.view_input(node) is None:
+        if node is None or view_input(node) is None:
             return None
         x = node.inputs[0]
         consumers = self.consumers.get(x.id, [])
         if not x.requires_grad or x.kind != "op" or x.id in self.returned:
             return None
         # every consumer a view of x whose backward runs (so that each region gets written)
-        if any(lowering.view_input(c) is not x or id(c) not in self.pos_b for c in consumers):
+        if any(view_input(c) is not x or id(c) not in self.pos_b for c in consumers):
             return None
         if len(consumers) == 1:
             return x
         # several views: only disjoint integer indices that cover the first axis
         indices = [c.params.get("index") for c in consumers]
-        if all(isinstance(c.fn, lowering.ops.GetItem) for c in consumers) and sorted(
-            i for i in indices if isinstance(i, int)
-        ) == list(range(x.shape[0])):
+        if all(isinstance(i, int) for i in indices) and sorted(indices) == list(range(x.shape[0])):
             return x
         return None
 
@@ -564,8 +596,8 @@ class Plan:
         """The plan, one line per step, then the arena's sizes (docs/compile.md shows one)."""
         mib = 1 << 20
         steps = (
-            f"{len(self.program)} replay steps; {self._lowered} ops lowered to out= kernels, "
-            f"{self._generic} replaying their own forward"
+            f"{len(self.program)} replay steps; {self._compiled} ops in their compiled form "
+            f"(out= buffers), {self._generic} replaying their own forward"
         )
         if self.shard is not None:  # the ShardedPlan's printout says the rest
             head = f"one shard: {steps}"
@@ -587,7 +619,7 @@ class Plan:
     def _products(self) -> str:
         if self.blas is not None:
             return (
-                f"split over two threads from {lowering.SPLIT_MIN_WORK} multiply-adds (BLAS on "
+                f"split over two threads from {products.SPLIT_MIN_WORK} multiply-adds (BLAS on "
                 "one thread each)"
             )
         if self.fusion == "exact":
@@ -596,6 +628,81 @@ class Plan:
                 "rounding depends on the BLAS kernel)"
             )
         return "whole"
+
+
+def view_input(node: Node) -> Value | None:
+    """The input whose buffer node's output views (made once at plan time), or None: an op
+    that makes views (Function.makes_view) whose traced output viewed its first input."""
+    if node.view_of is None or node.view_of is not node.inputs[0]:
+        return None
+    return node.inputs[0] if node.fn.makes_view(node.params) else None
+
+
+class OpContext:
+    """One op of a plan as its compiled form sees it (Function.compiled_forward / _backward,
+    backward_reads). At plan time the op asks for buffers; its step reads the slots `vals[id]`
+    when it runs (a checkpointed segment rebinds them), writes `out` or the gradient buffers.
+
+    fusion: the plan's flag (False, "exact" or True); matmul(a, b, out): np.matmul, or split
+    over two threads; numba: whether the kernels run their Numba builds; inputs / params: the
+    op's input Values (id, shape, dtype, requires_grad) and keyword parameters (the step's
+    arguments replaced by their buffers, which each replay refills)."""
+
+    def __init__(self, plan: Plan, node: Node, position: int) -> None:
+        self.plan, self.node, self.position = plan, node, position
+        self.fusion, self.matmul, self.vals = plan.fusion, plan.matmul, plan.vals
+        self.inputs = node.inputs
+        self.params = {k: plan.param(node, k) for k in node.params}
+        self.numba = kernels.get_backend() == "numba"
+        self._out: np.ndarray | None = None
+
+    @property
+    def out(self) -> np.ndarray:
+        """The output's buffer (forward), taken from the arena when first asked for."""
+        if self._out is None:
+            self._out = self.plan.buffer(self.node.out, self.position)
+            self.vals[self.node.out.id] = self._out
+        return self._out
+
+    @property
+    def g(self) -> np.ndarray:
+        """The gradient of the output (backward)."""
+        return self.plan.grads[self.node.out.id]
+
+    def grad(self, i: int, shape: tuple | None = None) -> tuple[np.ndarray, Any]:
+        """(where to write input i's gradient, then-what): its gradient buffer for the first
+        contribution (then None), else a scratch buffer that then-what adds into it."""
+        v = self.inputs[i]
+        return self.plan.contribution(v, v.shape if shape is None else shape, self.position)
+
+    def grad_or_scratch(self, i: int, shape: tuple) -> tuple[np.ndarray, Any]:
+        """grad(i), or a scratch buffer for an input that needs no gradient (a kernel that
+        writes every gradient, for a frozen weight: no gradient buffer, and no .grad)."""
+        v = self.inputs[i]
+        if v.requires_grad:
+            return self.grad(i, shape)
+        return self.scratch(shape, v.dtype), None
+
+    def add_grad(self, i: int) -> Callable[[np.ndarray], None]:
+        """A function adding a gradient array into input i's gradient (copied if first)."""
+        v = self.inputs[i]
+        return self.plan.grad_target(v, v.shape, self.position)
+
+    def grad_buffer(self, i: int) -> tuple[np.ndarray, bool]:
+        """(input i's gradient buffer, whether this is its first contribution)."""
+        v = self.inputs[i]
+        first = v.id not in self.plan.has_grad
+        return self.plan.grad_buffer(v, self.position), first
+
+    def scratch(self, shape: tuple, dtype: Any) -> np.ndarray:
+        """A buffer for this step alone (back to the arena after it)."""
+        return self.plan.scratch(shape, dtype, self.position)
+
+    @staticmethod
+    def then(*posts: Callable[[], Any] | None) -> Callable[[], None]:
+        """One function running the given then-whats (None ones skipped) in order."""
+        posts = tuple(p for p in posts if p is not None)
+        return lambda: [p() for p in posts]
 
 
 def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -621,7 +728,7 @@ def blas_threads() -> int:
 
 def _blas_controller() -> Any:
     """threadpoolctl's controller when the BLAS may use >= 2 threads (then a replay splits the
-    products itself, see lowering.split_matmul); None without threadpoolctl or with 1 thread."""
+    products itself, see matmul.split_matmul); None without threadpoolctl or with 1 thread."""
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:
@@ -668,6 +775,7 @@ def _shape(v: Value) -> str:
 
 __all__ = [
     "Arena",
+    "OpContext",
     "Plan",
     "blas_threads",
     "one_blas_thread",

@@ -59,7 +59,7 @@ class Node:
     and its keyword parameters (those that are arguments of the step are mapped to input buffers
     by the plan)."""
 
-    __slots__ = ("fn", "inputs", "params", "out", "view_of", "stats")
+    __slots__ = ("fn", "inputs", "params", "out", "view_of")
 
     def __init__(self, fn: Function, inputs: list[Value], params: dict, out: Value) -> None:
         self.fn = fn
@@ -67,7 +67,6 @@ class Node:
         self.params = params
         self.out = out
         self.view_of: Value | None = None  # the input whose memory the output views, if any
-        self.stats: Any = None  # what a lowered forward keeps for its backward
 
     @property
     def name(self) -> str:

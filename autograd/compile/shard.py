@@ -11,18 +11,18 @@ summed into the real ones; the recorded clip_grad_norm_ and the optimizer run on
 
 The check gives every value of the trace a batch axis or None:
 - batched: one axis holds the batch rows, each shard owning one contiguous block of it. The
-  array arguments are batched on axis 0, and an op keeps its input's batch axis row by row:
-  Linear, LayerNorm and GELU (not on their last axis), an add whose other operand is
-  broadcast along that axis, attention over (B, H, T, D) on axis 0, the embedding of batched
-  ids, and the views that keep each shard's rows together (reshape, transpose, integer index);
+  array arguments are batched on axis 0, and each op says where its output's batch axis is,
+  given its inputs' (Function.batch_axis: Linear, LayerNorm and GELU keep their input's rows,
+  attention over (B, H, T, D) axis 0, the views keep each shard's rows together, ...);
 - None (replicated): parameters and what is computed from them alone (wte transposed for the
   tied head, the position embedding), which every shard computes whole. Their gradients are
   each shard's partial sums, which add up as the leaves' do (a VJP is linear in its cotangent).
-The loss must be the mean cross-entropy of batched logits, with nothing computed from it.
-Anything else on a batched value (dropout's random mask, a mean over the batch, an op the check
-does not know) keeps the step whole; the plan's printout says why.
+The loss must be a mean over batch rows (Function.batch_mean: the mean cross-entropy) of
+batched values, with nothing computed from it. Anything else on a batched value (dropout's
+random mask, a mean over the batch, an op without a batch rule) keeps the step whole; the
+plan's printout says why.
 
-The loss of the step is the mean over the kept targets of all shards. Shard s keeps k_s of
+The loss of the step is the mean over the kept rows (targets) of all shards. Shard s keeps k_s of
 the K kept targets and its loss is its own mean, so the step's loss is sum_s (k_s / K) loss_s;
 seeding shard s's backward with k_s / K gives exactly the full mean's gradient, (softmax -
 onehot) / K per row (notes 10.3). The k_s are counted from the targets at every replay.
@@ -31,15 +31,12 @@ onehot) / K per row (notes 10.3). The k_s are counted from the targets at every 
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from autograd import functional as F
-from autograd import ops
 from autograd.compile.optimizer import fused_update
 from autograd.compile.plan import (
     Plan,
@@ -82,7 +79,7 @@ def batch_axes(rec: Recorder, n: int) -> dict[int, int | None]:
     for node in rec.nodes:
         if any(loss is v for v in node.inputs):
             raise NotShardable(f"{node.name} computes from the loss")
-        if isinstance(node.fn, F.CrossEntropy):
+        if node.fn.batch_mean(node.params) is not None:
             if loss is not None:
                 raise NotShardable("two losses")
             _check_loss(node, axes, args)
@@ -91,78 +88,44 @@ def batch_axes(rec: Recorder, n: int) -> dict[int, int | None]:
         axes[node.out.id] = _out_axis(node, axes, args, n)
     backward = [e for e in rec.program if e[0] == "backward"]
     if len(backward) != 1 or loss is None or backward[0][1] is not loss:
-        raise NotShardable("the backward does not start from a mean cross-entropy loss")
+        raise NotShardable("the backward does not start from a loss that is a mean over rows")
     return axes
 
 
 def _check_loss(node: Node, axes: dict, args: set[int]) -> None:
-    logits = node.inputs[0]
-    if axes[logits.id] != 0 or id(node.params.get("targets")) not in args:
-        raise NotShardable("the cross-entropy's logits or targets are not batched on axis 0")
+    rows, _ = node.fn.batch_mean(node.params)
+    if axes[node.inputs[0].id] != 0 or id(node.params.get(rows)) not in args:
+        raise NotShardable(f"the {node.name}'s input or {rows} are not batched on axis 0")
+
+
+class BatchCall:
+    """One op's call as its batch rule (Function.batch_axis) sees it."""
+
+    def __init__(self, node: Node, batched: tuple[str, ...], n: int) -> None:
+        self.shapes = [v.shape for v in node.inputs]
+        self.out_shape = node.out.shape
+        self.params = node.params
+        self.batched = batched  # the keyword parameters that are batched step arguments
+        self.n = n
 
 
 def _out_axis(node: Node, axes: dict, args: set[int], n: int) -> int | None:
-    """The batch axis of node's output (None: replicated), by the rules of the module docstring."""
-    fn, ins, out = node.fn, node.inputs, node.out
-    a = [axes[v.id] for v in ins]
-    batched_params = [k for k, p in node.params.items() if id(p) in args]
-    if all(x is None for x in a) and not batched_params:
+    """The batch axis of node's output (None: replicated), by the op's rule (batch_axis)."""
+    a = [axes[v.id] for v in node.inputs]
+    batched = tuple(k for k, p in node.params.items() if id(p) in args)
+    if all(x is None for x in a) and not batched:
         return None  # parameters only: every shard computes it whole
     constants = [
         k for k, p in node.params.items() if isinstance(p, np.ndarray) and id(p) not in args
     ]
-    kind = type(fn)
     if constants:  # an array beside batched values might be batch-shaped: it cannot be cut
         raise NotShardable(f"{node.name} with a constant array {constants} beside batched values")
-    if kind is F.Embedding and a[0] is None and batched_params == ["idx"]:
-        return 0
-    if batched_params:  # only the embedding's ids may be an argument of the step
-        raise NotShardable(f"{node.name} with the step's argument as {batched_params}")
-    if kind in (F.Linear, F.LayerNorm, F.Gelu):
-        if a[0] is not None and all(x is None for x in a[1:]):
-            if kind is F.Gelu or a[0] < len(ins[0].shape) - 1:
-                return a[0]
-    elif kind is ops.Add:
-        return _add_axis(ins, a, out)
-    elif kind is ops.Reshape:
-        return _reshape_axis(ins[0].shape, a[0], out.shape, n)
-    elif kind is ops.Transpose:
-        axes_param = fn.saved[0] if fn.saved else node.params.get("axes")
-        perm = list(range(len(ins[0].shape)))[::-1] if axes_param is None else list(axes_param)
-        return perm.index(a[0] % len(perm))
-    elif kind is ops.GetItem:
-        index = node.params.get("index")
-        if isinstance(index, (int, np.integer)) and a[0] > 0:
-            return a[0] - 1
-    elif kind is F.Attention:
-        if a == [0, 0, 0] and len(out.shape) == 4:
-            return 0
-    raise NotShardable(f"{node.name} {tuple(out.shape)} on batched values")
-
-
-def _add_axis(ins: list[Value], a: list, out: Value) -> int:
-    nd = len(out.shape)
-    mapped = {x + nd - len(v.shape) for v, x in zip(ins, a, strict=True) if x is not None}
-    if len(mapped) == 1:
-        axis = mapped.pop()
-        for v, x in zip(ins, a, strict=True):
-            p = axis - (nd - len(v.shape))
-            if x is None and p >= 0 and v.shape[p] != 1:
-                break  # a replicated operand that is not broadcast along the batch axis
-            if x is not None and v.shape[x] != out.shape[axis]:
-                break
-        else:
-            return axis
-    raise NotShardable(f"Add {tuple(out.shape)} mixes batch axes")
-
-
-def _reshape_axis(shape: tuple, axis: int, new: tuple, n: int) -> int:
-    # each shard owns one contiguous block of the flattened array, the same in both shapes
-    if math.prod(shape[:axis]) == 1:
-        j = next((i for i, d in enumerate(new) if d != 1), None)
-        if j is not None and new[j] % n == 0:
-            return j
-    raise NotShardable(f"Reshape {shape} -> {new} splits the batch rows")
+    axis = node.fn.batch_axis(a, BatchCall(node, batched, n))
+    if axis is not None:
+        return axis
+    if batched:
+        raise NotShardable(f"{node.name} with the step's argument as {list(batched)}")
+    raise NotShardable(f"{node.name} {tuple(node.out.shape)} on batched values")
 
 
 # --- one shard's trace: the recorded ops for B/n rows ---------------------------------------------
@@ -195,8 +158,7 @@ class ShardTrace:
         for node in rec.nodes:
             params = {k: own.get(id(p), p) for k, p in node.params.items()}
             out = clones[node.out.id]
-            if isinstance(node.fn, ops.Reshape):
-                params["shape"] = out.shape
+            params = node.fn.shard_params(params, out.shape)
             c = Node(copy.copy(node.fn), [clones[v.id] for v in node.inputs], params, out)
             c.view_of = clones[node.view_of.id] if node.view_of is not None else None
             out.node = c
@@ -266,10 +228,9 @@ class ShardedPlan:
         self.batch = next(a for a in rec.args if isinstance(a, np.ndarray)).shape[0]
         self.rows = self.batch // n
         loss_node = next(e for e in rec.program if e[0] == "backward")[1].node
-        self.targets_index = next(
-            i for i, a in enumerate(rec.args) if a is loss_node.params["targets"]
-        )
-        self.ignore_index = loss_node.params.get("ignore_index", -100)
+        # the loss's rows (the targets) and how many of them count (those not ignored)
+        rows, self.count = loss_node.fn.batch_mean(loss_node.params)
+        self.counted_index = next(i for i, a in enumerate(rec.args) if a is loss_node.params[rows])
         root = loss_node.out
         returned = result_values(result, rec.values)
         if any(v is not root for v in returned):
@@ -349,7 +310,7 @@ class ShardedPlan:
         return all(plan.still_valid() for plan in self.shards)
 
     def replay(self, args: tuple) -> Any:
-        self._seed(args[self.targets_index])
+        self._seed(args[self.counted_index])
         for step, _ in self.pre:
             step()
         with self.blas():
@@ -361,9 +322,8 @@ class ShardedPlan:
             step()
         return self._result(self._result_template)
 
-    def _seed(self, targets: np.ndarray) -> None:
-        kept = [int(np.count_nonzero(targets[s * self.rows : (s + 1) * self.rows]
-                                     != self.ignore_index)) for s in range(self.n)]  # fmt: skip
+    def _seed(self, counted: np.ndarray) -> None:
+        kept = [self.count(counted[s * self.rows : (s + 1) * self.rows]) for s in range(self.n)]
         total = sum(kept)
         for plan, k in zip(self.shards, kept, strict=True):
             plan.shard.seed[...] = k / total if total else 0.0
@@ -419,7 +379,7 @@ class ShardedPlan:
         times: list[list[float]] = [[] for _ in first.program]
         rest: list[list[float]] = [[] for _ in range(1 + len(self.post))]
         for _ in range(reps):
-            self._seed(args[self.targets_index])
+            self._seed(args[self.counted_index])
             timed: list[float] = []
             with self.blas():
                 self._parallel(lambda s, t=timed: self._run_shard(s, args, t if s == 0 else None))

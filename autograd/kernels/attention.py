@@ -201,7 +201,7 @@ def _probs_backward(p, dp, causal, scale):
 
     p and dp are (rows, T) for self-attention (Tq = Tk) with P kept; when causal, row r (query
     r % T) reads only its keys j <= r % T and the masked future is set to 0 (where P is 0).
-    The compiled step's fused attention backward (autograd/compile/lowering.py); the scale is
+    The compiled step's fused attention backward (Attention.compiled_backward); the scale is
     applied here, to the contiguous dS, not afterwards to gq and gk (strided views: 4x slower
     per value).
     """
