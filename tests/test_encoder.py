@@ -9,7 +9,8 @@ import pytest
 import autograd
 from models import encoder
 from models.architectures.gpt import IGNORE_INDEX
-from models.encoder import Encoder, EncoderConfig
+from models.architectures.encoder import Encoder, EncoderConfig
+from models.training.tasks.masked import mask_characters, masked_accuracy
 from tests.test_nn_layers import randomize
 
 
@@ -52,7 +53,7 @@ def test_without_positions_the_encoder_is_permutation_equivariant(float64, pre_l
 def test_mask_characters():
     rng = np.random.default_rng(0)
     x = rng.integers(0, 50, size=(64, 64))
-    inputs, targets = encoder.mask_characters(x, 50, rng)
+    inputs, targets = mask_characters(x, 50, rng)
     hidden = inputs == 50
     assert hidden.any(axis=1).all() and 0.13 < hidden.mean() < 0.18
     np.testing.assert_array_equal(targets[hidden], x[hidden])
@@ -62,11 +63,11 @@ def test_mask_characters():
 
 def test_masked_prediction_loss_and_accuracy():
     model = tiny()
-    inputs, targets = encoder.mask_characters(IDS, 5, np.random.default_rng(1), rate=0.5)
+    inputs, targets = mask_characters(IDS, 5, np.random.default_rng(1), rate=0.5)
     logits, loss = model(inputs, targets)
     hidden = targets != IGNORE_INDEX
     assert loss.item() > 0 and logits.shape == (2, 5, 6)
-    accuracy, n = encoder.masked_accuracy(model, [(inputs, targets)])
+    accuracy, n = masked_accuracy(model, [(inputs, targets)])
     assert n == hidden.sum() and accuracy == np.mean(logits.data.argmax(-1)[hidden] == IDS[hidden])
 
 

@@ -9,8 +9,9 @@ import pytest
 
 import nn
 from models import encoder, seq2seq, train
-from models.seq2seq import PAD
+from models.architectures.seq2seq import PAD
 from models.training.loop import Trainer
+from models.training.tasks.digits import DigitTasks
 from tests.test_train import _StopAfter as StopAfter
 
 TEXT = "def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n    y = 2\n\n" * 30
@@ -82,8 +83,9 @@ def test_compiled_steps_follow_the_eager_ones(kind, data_file, tmp_path):
 
 def test_padded_seq2seq_batches_compile_with_each_batchs_own_mask(tmp_path):
     # Without --bucket a batch mixes source lengths, so it is padded. Its padding mask travels in
-    # the batch (seq2seq.source_keys) as a step argument, so each replay masks its own batch's
-    # padding; a mask computed inside the step would be a constant of the first trace.
+    # the batch (models.architectures.seq2seq.source_keys) as a step argument, so each replay
+    # masks its own batch's padding; a mask computed inside the step would be a constant of the
+    # first trace.
     trainer, s = settings("seq2seq", None, tmp_path / "run", "--steps", "6", "--dtype", "float64")
     s.bucket, s.eval_every = False, 100
     data = trainer.task.prepare(s, None)
@@ -121,7 +123,7 @@ def test_fused_plans_of_several_batch_shapes_resume_bit_exactly(tmp_path):
     # With fusion each new batch shape's plan moves the parameters into its own flat buffer, so
     # the previous shape's plan traces again when its shape comes back: that call too must be
     # traced, undone and replayed, not left as the traced (eager) step.
-    task = seq2seq.DigitTasks()
+    task = DigitTasks()
     task.fusion = True
     trainer = Trainer(task)
     _, full_settings = settings("seq2seq", None, tmp_path / "full")

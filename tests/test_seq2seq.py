@@ -10,7 +10,8 @@ import autograd
 from autograd import Tensor
 from models import seq2seq
 from models.architectures.gpt import IGNORE_INDEX
-from models.seq2seq import BOS, EOS, PAD, TASKS, Seq2Seq, Seq2SeqConfig
+from models.architectures.seq2seq import BOS, EOS, PAD, Seq2Seq, Seq2SeqConfig, decode, encode
+from models.training.tasks.digits import TASKS, held_out_set, is_held_out, sample_pairs, to_arrays
 from tests.test_nn_layers import randomize
 
 
@@ -29,11 +30,11 @@ def test_tasks_vocabulary_and_padding():
     assert TASKS["reverse"].target("0123") == "3210"
     assert TASKS["sort"].target("3130") == "0133"
     assert TASKS["add"].target("95+7") == "102"
-    assert seq2seq.decode(seq2seq.encode("12+9") + [EOS, 4]) == "12+9"
-    src, tgt_in, tgt_out = seq2seq.to_arrays(PAIRS[:2])
-    np.testing.assert_array_equal(src[1], seq2seq.encode("7+5") + [PAD] * 3)
-    np.testing.assert_array_equal(tgt_in[1], [BOS, *seq2seq.encode("12"), PAD])
-    np.testing.assert_array_equal(tgt_out[1], [*seq2seq.encode("12"), EOS, IGNORE_INDEX])
+    assert decode(encode("12+9") + [EOS, 4]) == "12+9"
+    src, tgt_in, tgt_out = to_arrays(PAIRS[:2])
+    np.testing.assert_array_equal(src[1], encode("7+5") + [PAD] * 3)
+    np.testing.assert_array_equal(tgt_in[1], [BOS, *encode("12"), PAD])
+    np.testing.assert_array_equal(tgt_out[1], [*encode("12"), EOS, IGNORE_INDEX])
     rng = np.random.default_rng(0)
     for name, task in TASKS.items():
         for _ in range(50):
@@ -46,25 +47,25 @@ def test_tasks_vocabulary_and_padding():
 
 def test_held_out_sources_are_never_trained_on():
     task = TASKS["reverse"]
-    held = seq2seq.held_out_set(task, 300, 2, 10, seed=0)
+    held = held_out_set(task, 300, 2, 10, seed=0)
     assert len(held) == 300 and len({s for s, _ in held}) == 300
-    assert all(seq2seq.is_held_out(s) and t == s[::-1] for s, t in held)
+    assert all(is_held_out(s) and t == s[::-1] for s, t in held)
     trained = set()
     for step in range(20):  # the CLI's batches: a function of (seed, step)
         rng = np.random.default_rng([0, 0, step])
-        trained |= {s for s, _ in seq2seq.sample_pairs(task, rng, 64, 2, 10, held_out=False)}
+        trained |= {s for s, _ in sample_pairs(task, rng, 64, 2, 10, held_out=False)}
     assert not trained & {s for s, _ in held}
-    assert not any(seq2seq.is_held_out(s) for s in trained)
+    assert not any(is_held_out(s) for s in trained)
     # The split is a hash of the text: about 1 in 10 sources, the same on every run and seed.
     every_3_digit = [f"{i:03d}" for i in range(1000)]
-    assert 70 < sum(map(seq2seq.is_held_out, every_3_digit)) < 130
+    assert 70 < sum(map(is_held_out, every_3_digit)) < 130
     # Lengths with few held-out sources give fewer (all distinct) rather than loop forever.
-    assert len(seq2seq.held_out_set(task, 50, 1, 1, seed=0)) < 10
+    assert len(held_out_set(task, 50, 1, 1, seed=0)) < 10
 
 
 def test_gradcheck_end_to_end(float64):
     model = tiny()
-    src, tgt_in, _ = seq2seq.to_arrays(PAIRS)  # with source and target padding
+    src, tgt_in, _ = to_arrays(PAIRS)  # with source and target padding
     autograd.gradcheck(lambda *ps: model(src, tgt_in)[0], list(model.parameters()))
 
 
@@ -72,7 +73,7 @@ def test_post_ln_sinusoidal_gradient_along_a_random_direction(float64):
     # The other variant, checked along one random direction d of all the parameters at once:
     # grad . d == (L(p + eps d) - L(p - eps d)) / (2 eps), two forwards instead of two per element.
     model = tiny(pre_ln=False, positions="sinusoidal")
-    src, tgt_in, tgt_out = seq2seq.to_arrays(PAIRS)
+    src, tgt_in, tgt_out = to_arrays(PAIRS)
     params = list(model.parameters())
     _, loss = model(src, tgt_in, tgt_out)
     loss.backward()
@@ -98,8 +99,8 @@ def test_greedy_with_cache_equals_without(pre_ln):
     # A briefly trained model, so that greedy outputs differ between rows and positions.
     config = Seq2SeqConfig(max_src_len=10, max_tgt_len=11, n_layer=1, n_embd=16, pre_ln=pre_ln)
     model = seq2seq.train(TASKS["reverse"], 40, 32, config, 2, 10, 1e-2, 10, seed=0, quiet=True)
-    pairs = seq2seq.held_out_set(TASKS["reverse"], 16, 2, 10, seed=0)
-    src, _, _ = seq2seq.to_arrays(pairs)
+    pairs = held_out_set(TASKS["reverse"], 16, 2, 10, seed=0)
+    src, _, _ = to_arrays(pairs)
     cached = model.generate(src, 11)
     np.testing.assert_array_equal(cached, model.generate(src, 11, use_cache=False))
     assert cached.shape[1] > 2 and len({tuple(row) for row in cached}) > 8
@@ -107,7 +108,7 @@ def test_greedy_with_cache_equals_without(pre_ln):
 
 def test_cached_decoding_logits_equal_full_decoding(float64):
     model = tiny(n_embd=8, seed=1)
-    src, tgt_in, _ = seq2seq.to_arrays(PAIRS)
+    src, tgt_in, _ = to_arrays(PAIRS)
     with autograd.no_grad():
         full, _ = model(src, tgt_in)
         memory, key_mask = model.encode(src)
@@ -123,9 +124,9 @@ def test_cached_decoding_logits_equal_full_decoding(float64):
 def test_a_source_token_reaches_every_decoder_position(float64):
     # notes 8.7: the encoder reads the source both ways, and every target position reads it all.
     model = tiny(n_embd=8, seed=2)
-    src, tgt_in, _ = seq2seq.to_arrays(PAIRS[:1])
+    src, tgt_in, _ = to_arrays(PAIRS[:1])
     changed = src.copy()
-    changed[0, -1] = seq2seq.encode("9")[0]  # the last source token: "31+402" -> "31+409"
+    changed[0, -1] = encode("9")[0]  # the last source token: "31+402" -> "31+409"
     memory, _ = model.encode(src)
     memory_changed, _ = model.encode(changed)
     diff = np.abs(memory.data - memory_changed.data).max(axis=-1)[0]
@@ -137,9 +138,9 @@ def test_a_source_token_reaches_every_decoder_position(float64):
 
 def test_a_later_target_token_never_changes_earlier_outputs(float64):
     model = tiny(n_embd=8, seed=2)
-    src, tgt_in, _ = seq2seq.to_arrays(PAIRS[:1])
+    src, tgt_in, _ = to_arrays(PAIRS[:1])
     changed = tgt_in.copy()
-    changed[0, 2] = seq2seq.encode("7")[0]
+    changed[0, 2] = encode("7")[0]
     logits, _ = model(src, tgt_in)
     logits_changed, _ = model(src, changed)
     np.testing.assert_array_equal(logits.data[:, :2], logits_changed.data[:, :2])  # causal

@@ -6,5 +6,6 @@ task.py         Task: what a task plugs in (data, model, loss, metrics)
 loop.py         Trainer: the run (steps, evaluations, checkpoints, --resume, Ctrl-C, --ddp)
 checkpoints.py  the run's files and reading them back; adapt.py --freeze, --lora-rank
 plot.py         loss.png
-tasks/          language modelling and chat fine-tuning with the GPT/Llama decoder
+tasks/          the plug-ins: language.py and chat.py (the GPT/Llama decoder), masked.py (the
+                encoder's masked characters), digits.py (the encoder-decoder's digit tasks)
 """

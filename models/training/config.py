@@ -1,8 +1,8 @@
 """A run's settings: one typed dataclass per task, its command line built from its fields.
 
 Every setting is a field of TrainConfig (the settings every task has) or of a task's subclass
-(LanguageConfig in models/training/tasks/language.py, MaskedConfig in models/encoder.py,
-DigitsConfig in models/seq2seq.py): its type, its default and its help are there, written once.
+(LanguageConfig, MaskedConfig and DigitsConfig in models/training/tasks/: language.py, masked.py,
+digits.py): its type, its default and its help are there, written once.
 A subclass changes a default by declaring the field again with the new default; its help and
 whether a resumed run keeps it are looked up in the class that declared it first.
 

@@ -1,7 +1,7 @@
 """What a task plugs into the loop (models/training/loop.py): its settings, data, model and
 metrics. The tasks: language modelling and chat fine-tuning with the GPT/Llama decoder
-(models/training/tasks/), masked characters with the encoder (models/encoder.py), the digit
-tasks with the encoder-decoder (models/seq2seq.py).
+(models/training/tasks/language.py, chat.py), masked characters with the encoder (masked.py), the
+digit tasks with the encoder-decoder (digits.py).
 
 Hooks get the run's config (an instance of the task's Config, models/training/config.py) and
 `data`, whatever prepare() returned (corpus, tokenizer, fixed evaluation batches).

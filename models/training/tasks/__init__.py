@@ -1,3 +1,3 @@
-"""The decoder's tasks: language modelling on a corpus (language.py) and chat fine-tuning on
-conversations (chat.py, --sft). The encoder's and the encoder-decoder's tasks live beside their
-models (models/encoder.py, models/seq2seq.py)."""
+"""The tasks of the loop: the decoder's language modelling on a corpus (language.py) and chat
+fine-tuning on conversations (chat.py, --sft); the encoder's masked characters (masked.py); the
+encoder-decoder's digit tasks (digits.py)."""
