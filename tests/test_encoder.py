@@ -8,8 +8,8 @@ import pytest
 
 import autograd
 from models import encoder
-from models.architectures.gpt import IGNORE_INDEX
 from models.architectures.encoder import Encoder, EncoderConfig
+from models.architectures.gpt import IGNORE_INDEX
 from models.training.tasks.masked import mask_characters, masked_accuracy
 from tests.test_nn_layers import randomize
 
