@@ -18,23 +18,58 @@ FAMILIES = {
         GPTConfig(VOCAB, BLOCK, 2, 4, 16, bias=False, tie_word_embeddings=False)
     ),
     "llama-gqa-untied": lambda: Llama(
-        llama_config(vocab_size=VOCAB, block_size=BLOCK, n_layer=2, n_head=4, n_kv_head=2,
-                     n_embd=32, ffn_hidden=40)  # fmt: skip
+        llama_config(
+            vocab_size=VOCAB,
+            block_size=BLOCK,
+            n_layer=2,
+            n_head=4,
+            n_kv_head=2,
+            n_embd=32,
+            ffn_hidden=40,
+        )  # fmt: skip
     ),
     "llama-mqa-tied": lambda: Llama(
-        llama_config(vocab_size=VOCAB, block_size=BLOCK, n_layer=3, n_head=3, n_kv_head=1,
-                     n_embd=18, ffn_hidden=20, tie_word_embeddings=True)  # fmt: skip
+        llama_config(
+            vocab_size=VOCAB,
+            block_size=BLOCK,
+            n_layer=3,
+            n_head=3,
+            n_kv_head=1,
+            n_embd=18,
+            ffn_hidden=20,
+            tie_word_embeddings=True,
+        )  # fmt: skip
     ),
     "qwen2-qkv-bias": lambda: Llama(
-        llama_config(vocab_size=VOCAB, block_size=BLOCK, n_layer=2, n_head=4, n_kv_head=2,
-                     n_embd=24, ffn_hidden=30, qkv_bias=True, model_type="qwen2",
-                     rope_theta=1e6)  # fmt: skip
+        llama_config(
+            vocab_size=VOCAB,
+            block_size=BLOCK,
+            n_layer=2,
+            n_head=4,
+            n_kv_head=2,
+            n_embd=24,
+            ffn_hidden=30,
+            qkv_bias=True,
+            model_type="qwen2",
+            rope_theta=1e6,
+        )  # fmt: skip
     ),
     "llama3-scaled-rope-mha": lambda: Llama(
-        llama_config(vocab_size=VOCAB, block_size=BLOCK, n_layer=2, n_head=2, n_embd=16,
-                     ffn_hidden=24, rope_scaling=dict(rope_type="llama3", factor=8.0,
-                     low_freq_factor=1.0, high_freq_factor=4.0,
-                     original_max_position_embeddings=8))  # fmt: skip
+        llama_config(
+            vocab_size=VOCAB,
+            block_size=BLOCK,
+            n_layer=2,
+            n_head=2,
+            n_embd=16,
+            ffn_hidden=24,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=8,
+            ),
+        )  # fmt: skip
     ),
 }
 

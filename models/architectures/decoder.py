@@ -325,8 +325,8 @@ class Decoder(nn.Module):
         is rebuilt from the cropped window (notes 12.4).
 
         compiled (with use_cache): each token after the prompt runs as a compiled decode step
-        (compile_decoder; docs/decoding.md): the same arithmetic, the same tokens and logits, without
-        the per-op Python of eager; the prompt (and a refill after the window slid) runs eagerly.
+        (compile_decoder; docs/decoding.md): the same arithmetic, tokens and logits, without the
+        per-op Python of eager; the prompt (and a refill after the window slid) runs eagerly.
         """
         ids = self._token_ids(idx, "generate")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):

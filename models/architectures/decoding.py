@@ -14,16 +14,16 @@ work itself is a handful of matrix-vector products whose cost is reading the wei
 and the caches' own arrays (nn.LayerKVCache, (B, Hkv, capacity, D) per layer), then replays, per
 token, the very calls eager makes on operands of the same shapes and layout:
 
-| eager op                         | the step                                                    |
-|----------------------------------|-------------------------------------------------------------|
-| embedding (+ learned positions)  | np.take(out=), np.add(out=)                                 |
-| LayerNorm, RMSNorm               | the Numba row kernel of kernels.layer_norm_forward / rms_norm_forward |
-| Linear                           | np.matmul(out=), bias added in place (or the module's forward_into) |
-| rotary (one position)            | the same products and sums as F.apply_rotary, with out=      |
-| KV cache append                  | written into the cache at the position                      |
-| attention over the cache         | kernels.attention_forward_numba's calls on views of the cache |
-| GELU (tanh), SiLU, gate * up     | the Numba kernels into out, np.multiply(out=)               |
-| residual adds                    | np.add(out=) in place                                       |
+| eager op                        | the step                                              |
+|---------------------------------|-------------------------------------------------------|
+| embedding (+ learned positions) | np.take(out=), np.add(out=)                           |
+| LayerNorm, RMSNorm              | the Numba row kernel eager's op runs, into h          |
+| Linear                          | np.matmul(out=), bias in place (or forward_into)      |
+| rotary (one position)           | F.apply_rotary's products and sums, with out=         |
+| KV cache append                 | k, v written into the cache at the position           |
+| attention over the cache        | kernels.attention_forward_numba's calls, cache views  |
+| GELU (tanh), SiLU, gate * up    | the Numba kernels into out, np.multiply(out=)         |
+| residual adds                   | np.add(out=) in place                                 |
 
 so the logits equal eager's bit for bit in float32 and float64 (with the default Numba kernels;
 GLASSGRAD_KERNELS=numpy makes eager run the numpy references, which sum in other orders).
