@@ -309,7 +309,7 @@ class Decoder(nn.Module):
         eos_id: int | list[int] | None = None,
         use_cache: bool = True,
         rng: np.random.Generator | None = None,
-        compiled: bool = False,
+        compiled: bool | str = False,
     ) -> np.ndarray:
         """Continue each row of idx (B, T) by up to max_new_tokens tokens; returns (B, T + n).
 
@@ -325,8 +325,10 @@ class Decoder(nn.Module):
         is rebuilt from the cropped window (notes 12.4).
 
         compiled (with use_cache): each token after the prompt runs as a compiled decode step
-        (compile_decoder; docs/decoding.md): the same arithmetic, tokens and logits, without the
-        per-op Python of eager; the prompt (and a refill after the window slid) runs eagerly.
+        (compile_decoder; docs/decoding.md) without the per-op Python of eager; the prompt (and a
+        refill after the window slid) runs eagerly. "exact": eager's very calls, its logits bit
+        for bit; True: Llama's q, k, v projections as one product (the same sums, rounded
+        apart by the BLAS at block edges, ~1e-15 relative in float64).
         """
         ids = self._token_ids(idx, "generate")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
@@ -334,6 +336,8 @@ class Decoder(nn.Module):
         if max_new_tokens < 0:
             raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
         check_sampling_args(temperature, top_k, top_p, self.config.vocab_size)
+        if compiled not in (False, True, "exact"):
+            raise ValueError(f"generate: compiled must be False, True or 'exact', got {compiled!r}")
         eos = self._eos_ids(eos_id)
         rng = np.random.default_rng() if rng is None else rng
         batch, start = ids.shape
@@ -343,7 +347,8 @@ class Decoder(nn.Module):
         length = start
         ended = np.full(batch, -1, dtype=np.int64)  # the eos id a row ended on, -1 while running
         caches = self.new_kv_caches(batch, start + max_new_tokens) if use_cache else None
-        step = self.compile_decoder(caches) if compiled and use_cache else None
+        exact = compiled == "exact"
+        step = self.compile_decoder(caches, exact) if compiled and use_cache else None
         was_training = self.training
         self.eval()
         try:
@@ -372,12 +377,12 @@ class Decoder(nn.Module):
             self.train(was_training)
         return out[:, :length]
 
-    def compile_decoder(self, caches: list[nn.LayerKVCache]) -> DecodeStep:
+    def compile_decoder(self, caches: list[nn.LayerKVCache], exact: bool = False) -> DecodeStep:
         """A compiled decode step over `caches` (models.architectures.decoding.DecodeStep):
         step(tokens (B,)) -> the logits (B, V) of the next position, appending to the caches.
         Prefill them first (self(prompt, kv_caches=caches)); build a new step after the weights
-        change."""
-        return DecodeStep(self, caches)
+        change. exact: eager's logits bit for bit (see DecodeStep)."""
+        return DecodeStep(self, caches, exact)
 
     def stream(
         self,
