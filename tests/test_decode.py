@@ -209,6 +209,11 @@ def test_the_step_refuses_a_full_cache_and_the_explicit_attention_path():
         DecodeStep(model, caches[:1])
     with pytest.raises(ValueError, match="compiled must be False, True or 'exact'"):
         model.generate(prompt(), 2, compiled="fast")
+    with pytest.raises(ValueError, match="use_cache=True"):
+        model.generate(prompt(), 2, compiled=True, use_cache=False)
+    model.transformer.h = nn.ModuleList([nn.Linear(2, 2), model.transformer.h[1]])
+    with pytest.raises(TypeError, match="no step for the block Linear"):
+        model.generate(prompt(), 2, compiled=True)
 
 
 def test_the_real_model_s_first_32_greedy_tokens_equal_eager_s():

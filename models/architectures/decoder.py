@@ -338,6 +338,8 @@ class Decoder(nn.Module):
         check_sampling_args(temperature, top_k, top_p, self.config.vocab_size)
         if compiled not in (False, True, "exact"):
             raise ValueError(f"generate: compiled must be False, True or 'exact', got {compiled!r}")
+        if compiled and not use_cache:
+            raise ValueError("generate: compiled decoding needs the KV cache (use_cache=True)")
         eos = self._eos_ids(eos_id)
         rng = np.random.default_rng() if rng is None else rng
         batch, start = ids.shape
@@ -348,7 +350,7 @@ class Decoder(nn.Module):
         ended = np.full(batch, -1, dtype=np.int64)  # the eos id a row ended on, -1 while running
         caches = self.new_kv_caches(batch, start + max_new_tokens) if use_cache else None
         exact = compiled == "exact"
-        step = self.compile_decoder(caches, exact) if compiled and use_cache else None
+        step = self.compile_decoder(caches, exact) if compiled else None
         was_training = self.training
         self.eval()
         try:

@@ -105,7 +105,13 @@ def _block_parts(block: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module, nn.
                 f"{type(block).__name__}({block.extra_repr()})"
             )
         return block.ln_1, block.attn, block.ln_mlp, block.mlp
-    return block.input_layernorm, block.self_attn, block.post_attention_layernorm, block.mlp
+    try:
+        return block.input_layernorm, block.self_attn, block.post_attention_layernorm, block.mlp
+    except AttributeError:
+        raise TypeError(
+            f"compiled decoding: no step for the block {type(block).__name__} (nn.Block or a "
+            "Llama-family block: input_layernorm, self_attn, post_attention_layernorm, mlp)"
+        ) from None
 
 
 def _fused_projections(
