@@ -232,3 +232,23 @@ def test_the_real_model_s_first_32_greedy_tokens_equal_eager_s():
     for compiled in (True, "exact"):
         tokens = net.generate(ids, 32, temperature=0, eos_id=[], compiled=compiled)
         np.testing.assert_array_equal(tokens, eager)
+
+
+def test_past_the_first_rotary_tables_the_step_reads_the_same_angles():
+    """RotaryPositions makes tables for 256 positions first and grows them when eager reaches
+    position 256; the step grows them to its capacity when it is built: each position's angles
+    are the same either way (two models of the same weights, so that neither sees the other's
+    tables)."""
+    autograd.set_default_dtype(np.float64)
+    config = dict(vocab_size=VOCAB, block_size=300, n_layer=1, n_head=2, n_embd=8, ffn_hidden=8)
+    eager_model, compiled_model = (Llama(llama_config(**config)) for _ in range(2))
+    ids = np.random.default_rng(0).integers(0, VOCAB, (1, 250))
+    eager_caches, compiled_caches = eager_model.new_kv_caches(1), compiled_model.new_kv_caches(1)
+    with autograd.no_grad():
+        eager_model(ids, kv_caches=eager_caches)
+        compiled_model(ids, kv_caches=compiled_caches)
+        step = compiled_model.compile_decoder(compiled_caches, exact=True)
+        assert eager_model.model.layers[0].self_attn.rotary.cos.shape[0] == 256
+        for token in range(40):
+            logits, _ = eager_model(np.array([[token % VOCAB]]), kv_caches=eager_caches)
+            np.testing.assert_array_equal(step(np.array([token % VOCAB])), logits.data[:, -1])
