@@ -25,8 +25,10 @@ token, the very calls eager makes on operands of the same shapes and layout:
 | GELU (tanh), SiLU, gate * up    | the Numba kernels into out, np.multiply(out=)         |
 | residual adds                   | np.add(out=) in place                                 |
 
-so the logits equal eager's bit for bit in float32 and float64 (with the default Numba kernels;
-GLASSGRAD_KERNELS=numpy makes eager run the numpy references, which sum in other orders).
+With exact=True the logits equal eager's bit for bit in float32 and float64 (with the default
+Numba kernels; GLASSGRAD_KERNELS=numpy makes eager run the numpy references, which sum in other
+orders). By default one thing more is fused: a Llama layer's q_proj, k_proj, v_proj as one
+product (_fused_projections), the same tokens, the logits within rounding (docs/decoding.md).
 
 A Linear-like module plugs in by its product into a buffer: `nn.Linear` runs np.matmul on its
 weight; any other module offering `forward_into(x, out)` (x (rows, in), out (rows, out), both
