@@ -18,10 +18,12 @@ cache, the end-of-text token ignored:
     prefill  = the time to the first new token
     decode   = new / (time to 1 + new tokens - prefill)          tokens per second
 
-Rows: glassgrad (float32 weights), HF transformers (float32, PyTorch eager; needs a Python with
-torch + transformers + gguf, --hf-python), and llama.cpp (llama-cpp-python, --llama-python) on
-the GGUF file as shipped and on the formats of --llama-formats, converted from it by llama.cpp's
-own quantize tool (F32 from Q4_1 holds exactly the float32 weights glassgrad loads). Each run is a
+Rows: glassgrad (float32 weights; eager, and with the compiled decode step of
+models/architectures/decoding.py: generate(compiled=True)), HF transformers (float32, PyTorch
+eager; needs a Python with torch + transformers + gguf, --hf-python), and llama.cpp
+(llama-cpp-python, --llama-python) on the GGUF file as shipped and on the formats of
+--llama-formats, converted from it by llama.cpp's own quantize tool (F32 from Q4_1 holds exactly
+the float32 weights glassgrad loads). Each run is a
 fresh process of its own, the frameworks alternated, --rounds of each; medians quoted with each
 process's peak resident memory (VmHWM: load and run). Decoding a 135M model is bound by the
 bytes of weights read per token, so each row also gives the weights' bytes x tokens/s beside the
@@ -135,7 +137,9 @@ def _measure(generate, new: int, reps: int) -> dict:
 # --- the workers: each runs in a fresh process and prints one JSON line --------------------------
 
 
-def worker_glassgrad(model: str, ids: list[int], new: int, reps: int, threads: int) -> dict:
+def worker_glassgrad(
+    model: str, ids: list[int], new: int, reps: int, threads: int, compiled: bool = False
+) -> dict:
     import numpy as np
     from threadpoolctl import threadpool_info
 
@@ -148,13 +152,20 @@ def worker_glassgrad(model: str, ids: list[int], new: int, reps: int, threads: i
 
     def generate(n: int) -> float:
         start = time.perf_counter()
-        net.generate(prompt, n, temperature=0, eos_id=[])
+        net.generate(prompt, n, temperature=0, eos_id=[], compiled=compiled)
         return time.perf_counter() - start
 
     figures = _measure(generate, new, reps)
     blas = [f"{i['internal_api']} {i.get('architecture')}" for i in threadpool_info()]
     parameters = sum(p.data.size for p in net.parameters())
     return dict(figures, load_s=load, info=blas, parameters=parameters)
+
+
+def worker_glassgrad_compiled(
+    model: str, ids: list[int], new: int, reps: int, threads: int
+) -> dict:
+    """glassgrad with the compiled decode step (generate(compiled=True), docs/decoding.md)."""
+    return worker_glassgrad(model, ids, new, reps, threads, compiled=True)
 
 
 def worker_hf(model: str, ids: list[int], new: int, reps: int, threads: int) -> dict:
@@ -247,9 +258,15 @@ def memory_bandwidth_gbs(mib: int = 512) -> float:
     return 2 * a.nbytes / best / 1e9
 
 
-WORKERS = {"glassgrad": worker_glassgrad, "hf": worker_hf, "llama.cpp": worker_llama_cpp}
+WORKERS = {
+    "glassgrad": worker_glassgrad,
+    "glassgrad-compiled": worker_glassgrad_compiled,
+    "hf": worker_hf,
+    "llama.cpp": worker_llama_cpp,
+}
 NAMES = {
     "glassgrad": "glassgrad",
+    "glassgrad-compiled": "glassgrad, compiled decode",
     "hf": "HF transformers (PyTorch CPU, eager)",
     "llama.cpp": "llama.cpp",
 }
@@ -280,7 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         default="q8_0,f32",
         help="llama.cpp rows beside the file as shipped, made by its quantize (default q8_0,f32)",
     )
-    p.add_argument("--frameworks", default="glassgrad,hf,llama.cpp", help="which rows to run")
+    p.add_argument(
+        "--frameworks",
+        default="glassgrad,glassgrad-compiled,hf,llama.cpp",
+        help="which rows to run (glassgrad-compiled: generate(compiled=True))",
+    )
     p.add_argument("--tiny", action="store_true", help="a tiny random model (the tests)")
     p.add_argument("--worker", choices=(*WORKERS, "convert"), help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
@@ -298,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     wanted = args.frameworks.split(",")
-    pythons = {"glassgrad": sys.executable, "hf": args.hf_python, "llama.cpp": args.llama_python}
+    pythons = {"hf": args.hf_python, "llama.cpp": args.llama_python}
+    pythons["glassgrad"] = pythons["glassgrad-compiled"] = sys.executable
     missing = {}
     if "hf" in wanted and not _python_has(args.hf_python, "torch, transformers"):
         missing["hf"] = f"{args.hf_python} cannot import torch and transformers"
@@ -318,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
             missing["hf"] = f"{args.hf_python} cannot import gguf (transformers reads GGUF with it)"
         ids_file = Path(tmp) / "ids.json"
         ids_file.write_text(json.dumps(prompt_ids(model, args.prompt, random_weights)))
-        rows = [(k, model, "as given") for k in ("glassgrad", "hf") if k in wanted]
+        rows = [
+            (k, model, "as given") for k in ("glassgrad", "glassgrad-compiled", "hf") if k in wanted
+        ]
         rows = [row for row in rows if row[0] not in missing]
         if "llama.cpp" in wanted and "llama.cpp" not in missing:
             rows.append(("llama.cpp", model, "as shipped"))
@@ -346,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(kind, rows[r][2], n, json.dumps(figures), file=sys.stderr)
                 bandwidth.append(memory_bandwidth_gbs(64 if args.tiny else 512))
         parameters = next(
-            (f[0]["parameters"] for (r, _), f in results.items() if rows[r][0] == "glassgrad"), 0
+            (f[0]["parameters"] for (r, _), f in results.items() if "parameters" in f[0]), 0
         )
         sizes = {}
         for r, (kind, path, _) in enumerate(rows):

@@ -99,13 +99,17 @@ class RotaryPositions:
         self.head_dim, self.max_len, self.theta, self.scaling = head_dim, max_len, theta, scaling
         self.cos, self.sin = F.rotary_tables(min(max_len, 256), head_dim, theta, scaling)
 
-    def __call__(self, x: Tensor, offset: int) -> Tensor:
-        """x (B, H, T, D) rotated for the positions offset .. offset + T - 1."""
-        end = offset + x.shape[-2]
+    def tables(self, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (float64) for at least the positions < end (up to max_len), grown if needed."""
         if end > self.cos.shape[0] and self.cos.shape[0] < self.max_len:
             size = min(self.max_len, max(end, 2 * self.cos.shape[0]))
             self.cos, self.sin = F.rotary_tables(size, self.head_dim, self.theta, self.scaling)
-        return F.apply_rotary(x, self.cos, self.sin, offset)
+        return self.cos, self.sin
+
+    def __call__(self, x: Tensor, offset: int) -> Tensor:
+        """x (B, H, T, D) rotated for the positions offset .. offset + T - 1."""
+        cos, sin = self.tables(offset + x.shape[-2])
+        return F.apply_rotary(x, cos, sin, offset)
 
 
 def _attention_mask(layer: str, key_mask: Any, batch: int, n_keys: int) -> Any:

@@ -211,4 +211,5 @@ def test_llm_suite_times_a_tiny_llama_in_fresh_processes(capsys):
     load, prefill, decode, stream, rss = (float(cell) for cell in cells[3:])
     assert load >= 0 and prefill > 0 and decode > 0 and stream >= 0 and rss > 0  # 2 decimals
     assert "memory copy bandwidth of this run" in out
+    assert "| glassgrad, compiled decode | float32 (as given) | 2 |" in out
     assert "HF transformers" in out or "no HF column" in out

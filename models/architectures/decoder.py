@@ -39,6 +39,7 @@ import autograd
 import autograd.functional as F
 import nn
 from autograd import Tensor, get_default_dtype, no_grad
+from models.architectures.decoding import DecodeStep
 from models.formats import hf
 from models.formats.errors import FileFormatError
 
@@ -308,6 +309,7 @@ class Decoder(nn.Module):
         eos_id: int | list[int] | None = None,
         use_cache: bool = True,
         rng: np.random.Generator | None = None,
+        compiled: bool | str = False,
     ) -> np.ndarray:
         """Continue each row of idx (B, T) by up to max_new_tokens tokens; returns (B, T + n).
 
@@ -321,6 +323,12 @@ class Decoder(nn.Module):
         With use_cache, the prompt is run once and each new token costs one position. Once the
         context is longer than block_size the window slides, every position shifts and the cache
         is rebuilt from the cropped window (notes 12.4).
+
+        compiled (with use_cache): each token after the prompt runs as a compiled decode step
+        (compile_decoder; docs/decoding.md) without the per-op Python of eager; the prompt (and a
+        refill after the window slid) runs eagerly. "exact": eager's very calls, its logits bit
+        for bit; True: Llama's q, k, v projections as one product (the same sums, rounded
+        apart by the BLAS at block edges, ~1e-15 relative in float64).
         """
         ids = self._token_ids(idx, "generate")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
@@ -328,6 +336,10 @@ class Decoder(nn.Module):
         if max_new_tokens < 0:
             raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
         check_sampling_args(temperature, top_k, top_p, self.config.vocab_size)
+        if compiled not in (False, True, "exact"):
+            raise ValueError(f"generate: compiled must be False, True or 'exact', got {compiled!r}")
+        if compiled and not use_cache:
+            raise ValueError("generate: compiled decoding needs the KV cache (use_cache=True)")
         eos = self._eos_ids(eos_id)
         rng = np.random.default_rng() if rng is None else rng
         batch, start = ids.shape
@@ -337,6 +349,8 @@ class Decoder(nn.Module):
         length = start
         ended = np.full(batch, -1, dtype=np.int64)  # the eos id a row ended on, -1 while running
         caches = self.new_kv_caches(batch, start + max_new_tokens) if use_cache else None
+        exact = compiled == "exact"
+        step = self.compile_decoder(caches, exact) if compiled else None
         was_training = self.training
         self.eval()
         try:
@@ -344,6 +358,9 @@ class Decoder(nn.Module):
                 for _ in range(max_new_tokens):
                     if caches is None:
                         logits, _ = self(out[:, max(0, length - block) : length])
+                    elif 0 < caches[0].length < block and step is not None:
+                        new = step(out[:, length - 1])[:, None, :]
+                        logits = Tensor(new, dtype=new.dtype)
                     elif 0 < caches[0].length < block:
                         logits, _ = self(out[:, length - 1 : length], kv_caches=caches)
                     else:  # first step, or the window slid: (re)fill the cache
@@ -361,6 +378,13 @@ class Decoder(nn.Module):
         finally:
             self.train(was_training)
         return out[:, :length]
+
+    def compile_decoder(self, caches: list[nn.LayerKVCache], exact: bool = False) -> DecodeStep:
+        """A compiled decode step over `caches` (models.architectures.decoding.DecodeStep):
+        step(tokens (B,)) -> the logits (B, V) of the next position, appending to the caches.
+        Prefill them first (self(prompt, kv_caches=caches)); build a new step after the weights
+        change. exact: eager's logits bit for bit (see DecodeStep)."""
+        return DecodeStep(self, caches, exact)
 
     def stream(
         self,

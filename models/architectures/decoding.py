@@ -1,0 +1,324 @@
+"""A compiled decode step (notes 12.4): one new token through every layer, replayed from a flat
+list of steps on preallocated buffers, so that a token costs its arithmetic and not Python.
+
+Eager generation with the KV cache builds, per token and layer, a dozen Tensors and graph-free
+ops (~15 ops x 30 layers for SmolLM2-135M); each allocates its output and checks its inputs. The
+work itself is a handful of matrix-vector products whose cost is reading the weights once: a
+135M model's 540 MB (float32) per token. DecodeStep walks the model once and keeps
+
+    x (B, C)          the residual stream      h (B, C)          a norm's output
+    q (B, H, D)       the queries (and k, v for Llama; GPT-2's c_attn writes q | k | v at once)
+    o (B, H, D)       the heads' outputs       ffn (B, FFN)      the MLP's hidden units
+    logits (B, V)     the head's output
+
+and the caches' own arrays (nn.LayerKVCache, (B, Hkv, capacity, D) per layer), then replays, per
+token, the very calls eager makes on operands of the same shapes and layout:
+
+| eager op                        | the step                                              |
+|---------------------------------|-------------------------------------------------------|
+| embedding (+ learned positions) | np.take(out=), np.add(out=)                           |
+| LayerNorm, RMSNorm              | the Numba row kernel eager's op runs, into h          |
+| Linear                          | np.matmul(out=), bias in place (or forward_into)      |
+| rotary (one position)           | F.apply_rotary's products and sums, with out=         |
+| KV cache append                 | k, v written into the cache at the position           |
+| attention over the cache        | kernels.attention_forward_numba's calls, cache views  |
+| GELU (tanh), SiLU, gate * up    | the Numba kernels into out, np.multiply(out=)         |
+| residual adds                   | np.add(out=) in place                                 |
+
+With exact=True the logits equal eager's bit for bit in float32 and float64 (with the default
+Numba kernels; GLASSGRAD_KERNELS=numpy makes eager run the numpy references, which sum in other
+orders). By default one thing more is fused: a Llama layer's q_proj, k_proj, v_proj as one
+product (_fused_projections), the same tokens, the logits within rounding (docs/decoding.md).
+
+A Linear-like module plugs in by its product into a buffer: `nn.Linear` runs np.matmul on its
+weight; any other module offering `forward_into(x, out)` (x (rows, in), out (rows, out), both
+arrays of the model's dtype; it writes x's product into out and returns nothing) runs that, e.g.
+a quantized linear with its own matrix-vector kernel; anything else (an unmerged LoRA adapter)
+runs its own forward on x and is copied into out: correct, at eager's speed for that product.
+
+The step reads the parameters' arrays as they are when it is built: build it again after the
+weights change (generate() builds one per call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import nn
+from autograd import Tensor, no_grad
+from autograd.kernels import attention, gelu, layernorm, silu
+
+Step = Callable[[], None]
+
+
+def _matmul(weight: np.ndarray, bias: np.ndarray | None, x: np.ndarray, out: np.ndarray) -> Step:
+    """out = x @ weight + bias as F.linear's forward makes it: the product, then the bias."""
+
+    def product() -> None:
+        np.matmul(x, weight, out=out)
+        if bias is not None:
+            np.add(out, bias, out=out)
+
+    return product
+
+
+def _product(linear: nn.Module, x: np.ndarray, out: np.ndarray) -> Step:
+    """out = linear(x) as one call (see the module docstring for what a module may offer)."""
+    if type(linear) is nn.Linear:
+        bias = None if linear.bias is None else linear.bias.data
+        return _matmul(linear.weight.data, bias, x, out)
+    forward_into = getattr(linear, "forward_into", None)
+    if forward_into is not None:
+        return lambda: forward_into(x, out)
+
+    def module_forward() -> None:
+        with no_grad():
+            np.copyto(out, linear(Tensor(x, dtype=x.dtype)).data)
+
+    return module_forward
+
+
+def _norm(norm: nn.Module, x: np.ndarray, out: np.ndarray) -> Step:
+    """out = norm(x) by the Numba row kernel eager's LayerNorm / RMSNorm runs."""
+    rows = x.shape[0]
+    rstd = np.empty(rows, np.float64)
+    eps = float(norm.eps)
+    weight = norm.weight.data
+    if isinstance(norm, nn.RMSNorm):
+        return lambda: layernorm._rms_norm_rows(x.size, x, weight, eps, out, rstd)
+    if isinstance(norm, nn.LayerNorm):
+        # F.layer_norm's defaults: weight 1, bias 0 where the module has none
+        bias = np.zeros_like(weight) if norm.bias is None else norm.bias.data
+        mean = np.empty(rows, np.float64)
+        return lambda: layernorm._layer_norm_rows(x.size, x, weight, bias, eps, out, mean, rstd)
+    raise TypeError(f"compiled decoding: no step for the norm {type(norm).__name__}")
+
+
+def _block_parts(block: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module]:
+    """(attention's norm, attention, the MLP's norm, MLP) of a Pre-LN decoder block: nn.Block
+    (GPT-2) or a Llama-family block (models.architectures.llama.LlamaBlock)."""
+    if isinstance(block, nn.Block):
+        if not block.pre_ln or block.cross_attn is not None:
+            raise ValueError(
+                "compiled decoding: only Pre-LN blocks without cross-attention, got "
+                f"{type(block).__name__}({block.extra_repr()})"
+            )
+        return block.ln_1, block.attn, block.ln_mlp, block.mlp
+    try:
+        return block.input_layernorm, block.self_attn, block.post_attention_layernorm, block.mlp
+    except AttributeError:
+        raise TypeError(
+            f"compiled decoding: no step for the block {type(block).__name__} (nn.Block or a "
+            "Llama-family block: input_layernorm, self_attn, post_attention_layernorm, mlp)"
+        ) from None
+
+
+def _fused_projections(
+    attn: nn.Module, exact: bool
+) -> Callable[[np.ndarray, np.ndarray], Step] | None:
+    """The product x -> q | k | v as one call, or None: GPT-2's c_attn as it is; Llama's q_proj,
+    k_proj, v_proj when all three are plain nn.Linears (alike in bias), their weights copied once
+    side by side into (C, (H + 2 Hkv) D). One matrix-vector product of 960 columns instead of
+    576 + 192 + 192 (SmolLM2): OpenBLAS splits a gemv over its threads only from ~460 800
+    values, so q_proj (576 x 576) ran on one thread; measured 34.5 -> 39.2 tokens/s at 2 threads
+    (1 thread: 23.7 -> 24.3), for 66 MB more memory. Not with exact: each output column is the
+    same dot product over the same inputs, but the BLAS kernel may round the columns at a
+    block's edge otherwise than in the three narrower products (1.8e-15 apart seen in float64 on
+    widths 24 | 12 | 12; SmolLM2's 576 | 192 | 192 gave the same tokens)."""
+    if hasattr(attn, "c_attn"):
+        return lambda x, out: _product(attn.c_attn, x, out)
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if exact or any(type(p) is not nn.Linear for p in projections):
+        return None
+    biases = [p.bias for p in projections]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        return None
+    weight = np.concatenate([p.weight.data for p in projections], axis=1)
+    bias = None if biases[0] is None else np.concatenate([b.data for b in biases])
+    return lambda x, out: _matmul(weight, bias, x, out)
+
+
+class DecodeStep:
+    """`step(tokens)`: the logits (B, V) of the next position after the cached ones, for tokens
+    (B,) at that position; appends their keys and values to `caches` (which prefill filled, e.g.
+    model(prompt, kv_caches=caches)). The logits array is the step's own, overwritten by the next
+    call. Build with model.compile_decoder(caches) or DecodeStep(model, caches).
+
+    exact: make every call eager makes, so that the logits equal eager's bit for bit; without
+    it, Llama's q_proj, k_proj and v_proj run as one product (_fused_projections)."""
+
+    def __init__(
+        self, model: nn.Module, caches: list[nn.LayerKVCache], exact: bool = False
+    ) -> None:
+        c = model.config
+        body = model.transformer
+        dtype = body.wte.weight.dtype
+        batch, kv_heads, capacity, head_dim = caches[0].k.shape
+        if len(caches) != c.n_layer or kv_heads != c.n_kv_head or head_dim != c.head_dim:
+            raise ValueError(
+                f"DecodeStep: {model.describe()} needs {c.n_layer} caches of (B, {c.n_kv_head}, "
+                f"capacity, {c.head_dim}), got {len(caches)} of {caches[0].k.shape}"
+            )
+        self.model, self.caches, self.capacity, self.exact = model, caches, capacity, exact
+        heads, width = c.n_head, c.n_head * c.head_dim
+        self.tokens = np.zeros(batch, np.int64)
+        self.position = 0  # the position of the token being decoded (= its cache slot)
+        self.x = np.empty((batch, c.n_embd), dtype)
+        self.h = np.empty_like(self.x)
+        self.q = np.empty((batch, heads, head_dim), dtype)
+        self.o = np.empty_like(self.q)
+        self.ffn = np.empty((batch, c.ffn_hidden), dtype)
+        self.gate = np.empty_like(self.ffn)
+        self.branch = np.empty_like(self.x)  # a residual branch's output: attention's, the MLP's
+        self.logits = np.empty((batch, c.vocab_size), dtype)
+        # attention's scratch: scores (B * Hkv, group, capacity) and one log-sum-exp per row
+        self.group = heads // kv_heads
+        self.scores = np.empty(batch * heads * capacity, dtype)
+        self.lse = np.empty((batch * kv_heads, self.group), dtype)
+        self.rotation = self._rotation_tables(body, dtype) if c.positions == "rotary" else None
+        self.steps: list[Step] = [self._embed(body)]
+        for block, cache in zip(body.h, caches, strict=True):
+            norm_1, attn, norm_2, mlp = _block_parts(block)
+            self.steps.append(_norm(norm_1, self.x, self.h))
+            self.steps.extend(self._attention(attn, cache, width))
+            self.steps.append(lambda: np.add(self.x, self.branch, out=self.x))
+            self.steps.append(_norm(norm_2, self.x, self.h))
+            self.steps.extend(self._mlp(mlp))
+            self.steps.append(lambda: np.add(self.x, self.branch, out=self.x))
+        self.steps.append(_norm(body.ln_f, self.x, self.h))
+        if c.tie_word_embeddings:  # logits = h @ wte^T (notes 9.4), as eager's nn.linear
+            wte = body.wte.weight.data
+            self.steps.append(lambda: np.matmul(self.h, wte.T, out=self.logits))
+        else:
+            self.steps.append(_product(model.lm_head, self.h, self.logits))
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        position = self.caches[0].length
+        if position >= self.capacity:
+            raise ValueError(
+                f"DecodeStep: the caches hold {self.capacity} positions, all used; reset them "
+                "and prefill the cropped window (generate() does)"
+            )
+        self.tokens[:] = tokens
+        self.position = position
+        for step in self.steps:
+            step()
+        for cache in self.caches:
+            cache.length = position + 1
+        return self.logits
+
+    # --- the parts ----------------------------------------------------------------------------
+    def _embed(self, body: nn.Module) -> Step:
+        wte = body.wte.weight.data
+        wpe = None if body.wpe is None else body.wpe.weight.data
+
+        def embed() -> None:  # e_i (+ p_i for learned positions, notes 8.6)
+            np.take(wte, self.tokens, axis=0, out=self.x)
+            if wpe is not None:
+                np.add(self.x, wpe[self.position], out=self.x)
+
+        return embed
+
+    def _rotation_tables(self, body: nn.Module, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(cos | sin, sin | cos) per position, (capacity, 2, D / 2): the tables eager's rotary
+        reads (RotaryPositions.tables), cast to the model's dtype as F.apply_rotary casts them."""
+        cos, sin = _block_parts(body.h[0])[1].rotary.tables(self.capacity)
+        cos, sin = cos[: self.capacity].astype(dtype), sin[: self.capacity].astype(dtype)
+        return np.stack([cos, sin], axis=1), np.stack([sin, cos], axis=1)
+
+    def _rotate(self, heads: int) -> Step:
+        """x (B, heads, D) -> x rotated for self.position in place (F.apply_rotary's arithmetic:
+        y1 = x1 cos - x2 sin, y2 = x1 sin + x2 cos, each product and sum rounded as numpy's)."""
+        cos_sin, sin_cos = self.rotation
+        half = cos_sin.shape[-1]
+        batch = self.x.shape[0]
+        products = np.empty((2, batch, heads, 2, half), cos_sin.dtype)
+
+        def rotate(x: np.ndarray) -> None:
+            pairs = x.reshape(batch, heads, 2, half)  # (x1, x2)
+            p = self.position
+            np.multiply(pairs, cos_sin[p], out=products[0])  # (x1 cos, x2 sin)
+            np.multiply(pairs, sin_cos[p], out=products[1])  # (x1 sin, x2 cos)
+            np.subtract(products[0, ..., 0, :], products[0, ..., 1, :], out=pairs[..., 0, :])
+            np.add(products[1, ..., 0, :], products[1, ..., 1, :], out=pairs[..., 1, :])
+
+        return rotate
+
+    def _attention(self, attn: nn.Module, cache: nn.LayerKVCache, width: int) -> list[Step]:
+        if attn.probe is not None or attn.score_scale is not None:
+            raise ValueError(
+                "compiled decoding runs attention's fused path: unset the layer's probe and "
+                "score_scale (models/lab) or generate with compiled=False"
+            )
+        batch, kv_heads, _, head_dim = cache.k.shape
+        kv_width = kv_heads * head_dim
+        q2, steps = self.q.reshape(batch, width), []
+        k = np.empty((batch, kv_heads, head_dim), self.q.dtype)
+        v = np.empty_like(k)
+        qkv = np.empty((batch, width + 2 * kv_width), self.q.dtype)
+        fused = _fused_projections(attn, self.exact)
+        if fused is not None:  # W_Q | W_K | W_V, one product, then split
+            steps.append(fused(self.h, qkv))
+
+            def split() -> None:
+                np.copyto(q2, qkv[:, :width])
+                np.copyto(k.reshape(batch, kv_width), qkv[:, width : width + kv_width])
+                np.copyto(v.reshape(batch, kv_width), qkv[:, width + kv_width :])
+
+            steps.append(split)
+        else:  # three Linear-like modules, each its own product
+            steps.append(_product(attn.q_proj, self.h, q2))
+            steps.append(_product(attn.k_proj, self.h, k.reshape(batch, kv_width)))
+            steps.append(_product(attn.v_proj, self.h, v.reshape(batch, kv_width)))
+        rotate_q = rotate_k = None
+        if self.rotation is not None:
+            rotate_q, rotate_k = self._rotate(self.q.shape[1]), self._rotate(kv_heads)
+        # kernels.attention_forward_numba with q as (B * Hkv, group, D) query rows per K/V head
+        # (eager's grouped_attention; group 1 is GPT-2's multi-head case: its causal row reads
+        # every cached key, as here)
+        rows = batch * kv_heads
+        queries = self.q.reshape(rows, 1, self.group, head_dim)
+        outputs = self.o.reshape(rows, 1, self.group, head_dim)
+        keys, values = (a.reshape(rows, self.capacity, head_dim) for a in (cache.k, cache.v))
+        scale = attention._scale(self.q)
+
+        def attend() -> None:
+            p, length = self.position, self.position + 1
+            if rotate_q is not None:
+                rotate_q(self.q)
+                rotate_k(k)
+            cache.k[:, :, p] = k  # the cache's append
+            cache.v[:, :, p] = v
+            keys_t = attention._transposed(keys[:, :length], self.group)[:, None]
+            scores = self.scores[: rows * self.group * length].reshape(rows, self.group, length)
+            np.matmul(queries, keys_t, out=scores[:, None])
+            attention._probs_forward(scores.size, scores, scale, False, 0, self.lse, 0)
+            np.matmul(scores[:, None], values[:, None, :length], out=outputs)
+
+        steps.append(attend)
+        steps.append(_product(attn.c_proj, self.o.reshape(batch, width), self.branch))
+        return steps
+
+    def _mlp(self, mlp: nn.Module) -> list[Step]:
+        """The MLP of h into attn_out (the buffer the residual add reads)."""
+        ffn, gate = self.ffn, self.gate
+        if isinstance(mlp, nn.GatedMLP):  # c_proj(silu(h W_gate) * (h W_up))
+            return [
+                _product(mlp.c_gate, self.h, gate),
+                lambda: silu._silu_values(gate.size, gate.reshape(-1), gate.reshape(-1)),
+                _product(mlp.c_fc, self.h, ffn),
+                lambda: np.multiply(gate, ffn, out=ffn),
+                _product(mlp.c_proj, ffn, self.branch),
+            ]
+        if isinstance(mlp, nn.MLP) and mlp.gelu.approximate == "tanh":  # c_proj(gelu(h W1 + b1))
+            s, a_s, _ = gelu.constants(ffn.dtype)
+            flat = ffn.reshape(-1)
+            return [
+                _product(mlp.c_fc, self.h, ffn),
+                lambda: gelu._gelu_output(flat.size, flat, flat, s, a_s),
+                _product(mlp.c_proj, ffn, self.branch),
+            ]
+        raise TypeError(f"compiled decoding: no step for the MLP {mlp!r}")
