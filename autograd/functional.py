@@ -208,6 +208,13 @@ class Rotary(Op):
     def backward_reads(self, c):  # its angle tables only
         return ()
 
+    def batch_axis(self, axes, c):  # x's rows: the (T, D/2) tables broadcast over (T, D) only
+        (x,), tables = axes, c.params["cos"].ndim
+        return x if x is not None and x < len(c.shapes[0]) - tables else None
+
+    def replicated_params(self, params):  # the angle tables: one per position, not per row
+        return ("cos", "sin")
+
     def jvp(self, out, x_dot):  # out_dot = x_dot rotated by the same angles (it is linear)
         cos, sin = self.saved
         return _rotate(x_dot, cos, sin)
@@ -518,6 +525,9 @@ class RMSNorm(Function):
             then()
 
         return run, "Numba kernel into the gradient buffers"
+
+    def batch_axis(self, axes, c):  # x's rows, w replicated
+        return _rowwise_axis(axes, c)
 
     def vjp(self, g, output):  # the statistics recomputed as Tensors, then the same rule
         (x, weight), eps = self.inputs, self.saved[-1]
@@ -868,6 +878,9 @@ class SiLU(Function):
                 then()
 
         return run, "one Numba pass: sigmoid recomputed from x, into the gradient buffer"
+
+    def batch_axis(self, axes, c):  # elementwise
+        return axes[0]
 
     def vjp(self, g, output):  # the same rule on Tensors (s from Tensor ops)
         (x,) = self.inputs

@@ -205,6 +205,8 @@ class Mul(Op):
         a, b = c.inputs
         return tuple(i for i, other in ((0, b), (1, a)) if other.requires_grad)
 
+    batch_axis = Add.batch_axis  # elementwise with broadcasting, as Add
+
     def jvp(self, out, a_dot, b_dot):  # out_dot = a_dot b + a b_dot  (the product rule)
         a, b = self.saved
         return a_dot * b + a * b_dot

@@ -115,8 +115,11 @@ def _out_axis(node: Node, axes: dict, args: set[int], n: int) -> int | None:
     batched = tuple(k for k, p in node.params.items() if id(p) in args)
     if all(x is None for x in a) and not batched:
         return None  # parameters only: every shard computes it whole
+    replicated = node.fn.replicated_params(node.params)
     constants = [
-        k for k, p in node.params.items() if isinstance(p, np.ndarray) and id(p) not in args
+        k
+        for k, p in node.params.items()
+        if isinstance(p, np.ndarray) and id(p) not in args and k not in replicated
     ]
     if constants:  # an array beside batched values might be batch-shaped: it cannot be cut
         raise NotShardable(f"{node.name} with a constant array {constants} beside batched values")
@@ -416,6 +419,23 @@ class ShardedPlan:
         ])  # fmt: skip
 
 
+# The default sharding's memory policy: shard only while the gradient buffers of the shards
+# after the first take at most this much. Each such shard has its own copy of every trained
+# parameter's gradient: a few MiB with LoRA or a frozen base, the model's size in full training.
+# Measured on the SmolLM2-135M fine-tuning step (docs/benchmarks.md): LoRA 3.5 MiB of copies,
+# 3.54 -> 3.0 s a step; full 513 MiB of copies, 4.69 -> 4.35 s, but peak RSS 4052 -> 4879 MiB,
+# above PyTorch's 4470. GPT small's 41 MiB shards as before. compile(shards=n) shards anyway.
+SHARD_GRADIENT_BUDGET = 256 << 20
+
+
+def gradient_copy_bytes(rec: Recorder, n: int) -> int:
+    """Bytes of the gradient buffers the n - 1 shards after the first would add."""
+    with_grad = leaves_with_grad(rec)
+    leaves = [v for v in rec.recorded if v.id in with_grad]
+    per_shard = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in leaves)
+    return (n - 1) * per_shard
+
+
 def sharded_plan(rec: Recorder, result: Any, fusion: bool | str, shards: int | None) -> Any:
     """A ShardedPlan, or (None, why not) when the step stays whole."""
     n = shard_count(fusion, shards)
@@ -425,9 +445,25 @@ def sharded_plan(rec: Recorder, result: Any, fusion: bool | str, shards: int | N
         return None, "checkpointed segments (their recomputation is planned whole)"
     try:
         axes = batch_axes(rec, n)
+    except NotShardable as exc:
+        return None, str(exc)
+    copies = gradient_copy_bytes(rec, n)
+    if shards is None and copies > SHARD_GRADIENT_BUDGET:
+        return None, (f"the other shards' gradient buffers would take {copies / (1 << 20):.0f} "
+                      f"MiB, over SHARD_GRADIENT_BUDGET ({SHARD_GRADIENT_BUDGET >> 20} MiB; "
+                      "compile(shards=n) shards anyway)")  # fmt: skip
+    try:
         return ShardedPlan(rec, result, n, axes), None
     except NotShardable as exc:
         return None, str(exc)
 
 
-__all__ = ["NotShardable", "ShardedPlan", "batch_axes", "shard_count", "sharded_plan"]
+__all__ = [
+    "SHARD_GRADIENT_BUDGET",
+    "NotShardable",
+    "ShardedPlan",
+    "batch_axes",
+    "gradient_copy_bytes",
+    "shard_count",
+    "sharded_plan",
+]
