@@ -18,7 +18,9 @@ LlamaForCausalLM, no torch.compile). Each framework and mode runs in a fresh pro
 the processes alternated, --rounds of each; the table quotes medians of the step times after
 --warmup untimed steps (glassgrad's first is the trace, its second the first replay) and the peak
 resident memory of each process (VmHWM: the load, the warm-up and the steps). Needs torch and
-transformers in --hf-python (never a test dependency). Run timings under the bench lock:
+transformers in --hf-python (never a test dependency). --floor adds the step's products
+floor (benchmarks.products: the same matrix products alone, numpy's BLAS, sharded over the
+threads and whole-batch on them) and glassgrad's step against the faster of the two. Run timings under the bench lock:
 `flock /tmp/glassgrad-bench.lock python -m benchmarks.finetune ...`.
 """
 

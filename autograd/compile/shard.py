@@ -12,8 +12,10 @@ summed into the real ones; the recorded clip_grad_norm_ and the optimizer run on
 The check gives every value of the trace a batch axis or None:
 - batched: one axis holds the batch rows, each shard owning one contiguous block of it. The
   array arguments are batched on axis 0, and each op says where its output's batch axis is,
-  given its inputs' (Function.batch_axis: Linear, LayerNorm and GELU keep their input's rows,
-  attention over (B, H, T, D) axis 0, the views keep each shard's rows together, ...);
+  given its inputs' (Function.batch_axis: Linear, LayerNorm, RMSNorm, GELU, SiLU and rotary
+  keep their input's rows, attention over (B, H, T, D) axis 0, the views keep each shard's rows
+  together, ...); an array parameter beside batched values must be one the op declares the same
+  for every row (Function.replicated_params: rotary's angle tables);
 - None (replicated): parameters and what is computed from them alone (wte transposed for the
   tied head, the position embedding), which every shard computes whole. Their gradients are
   each shard's partial sums, which add up as the leaves' do (a VJP is linear in its cotangent).
@@ -21,6 +23,9 @@ The loss must be a mean over batch rows (Function.batch_mean: the mean cross-ent
 batched values, with nothing computed from it. Anything else on a batched value (dropout's
 random mask, a mean over the batch, an op without a batch rule) keeps the step whole; the
 plan's printout says why.
+
+By default a step is sharded only while the other shards' copies of the gradient buffers fit in
+SHARD_GRADIENT_BUDGET (LoRA, a frozen base: yes; full training of a 135M model: no).
 
 The loss of the step is the mean over the kept rows (targets) of all shards. Shard s keeps k_s of
 the K kept targets and its loss is its own mean, so the step's loss is sum_s (k_s / K) loss_s;
