@@ -20,8 +20,8 @@ the processes alternated, --rounds of each; the table quotes medians of the step
 resident memory of each process (VmHWM: the load, the warm-up and the steps). Needs torch and
 transformers in --hf-python (never a test dependency). --floor adds the step's products
 floor (benchmarks.products: the same matrix products alone, numpy's BLAS, sharded over the
-threads and whole-batch on them) and glassgrad's step against the faster of the two. Run timings under the bench lock:
-`flock /tmp/glassgrad-bench.lock python -m benchmarks.finetune ...`.
+threads and whole-batch on them) and glassgrad's step against the faster of the two. Run
+timings under the bench lock: `flock /tmp/glassgrad-bench.lock python -m benchmarks.finetune ...`.
 """
 
 from __future__ import annotations
