@@ -427,9 +427,10 @@ class ShardedPlan:
 # The default sharding's memory policy: shard only while the gradient buffers of the shards
 # after the first take at most this much. Each such shard has its own copy of every trained
 # parameter's gradient: a few MiB with LoRA or a frozen base, the model's size in full training.
-# Measured on the SmolLM2-135M fine-tuning step (docs/benchmarks.md): LoRA 3.5 MiB of copies,
-# 3.54 -> 3.0 s a step; full 513 MiB of copies, 4.69 -> 4.35 s, but peak RSS 4052 -> 4879 MiB,
-# above PyTorch's 4470. GPT small's 41 MiB shards as before. compile(shards=n) shards anyway.
+# Measured on the SmolLM2-135M fine-tuning step (docs/benchmarks.md, 2026-12-02): LoRA, 3.5 MiB
+# of copies, 3.54 s whole -> 2.94 s sharded; full, 513 MiB of copies, 4.73 -> 4.17 s but peak
+# RSS 4076 -> 4805 MiB, above PyTorch's 4470. GPT small's 41 MiB shards as before.
+# compile(shards=n) shards anyway.
 SHARD_GRADIENT_BUDGET = 256 << 20
 
 
