@@ -192,6 +192,17 @@ def _rotate(x: Any, cos: np.ndarray, sin: np.ndarray) -> Any:
     return concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
+def _rotate_into(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray, scratch):
+    """_rotate(x, cos, sin) written into out, each half with _rotate's operations in its order
+    (the same rounding); scratch: an array of one half's shape."""
+    half = x.shape[-1] // 2
+    x1, x2, y1, y2 = x[..., :half], x[..., half:], out[..., :half], out[..., half:]
+    np.multiply(x1, cos, out=y1)
+    np.subtract(y1, np.multiply(x2, sin, out=scratch), out=y1)  # y1 = x1 cos - x2 sin
+    np.multiply(x1, sin, out=y2)
+    np.add(y2, np.multiply(x2, cos, out=scratch), out=y2)  # y2 = x1 sin + x2 cos
+
+
 class Rotary(Op):
     # Rotary position embedding (notes 8.6): position p turns the pair (x1_r, x2_r) by p * w_r:
     #   y1 = x1 cos - x2 sin,  y2 = x1 sin + x2 cos.
@@ -207,6 +218,33 @@ class Rotary(Op):
 
     def backward_reads(self, c):  # its angle tables only
         return ()
+
+    # compiled: the same products and sums as _rotate's, into the output / gradient buffer (no
+    # concatenate, no temporaries but one half-width scratch)
+    def compiled_forward(self, c):
+        vals, x, out = c.vals, c.inputs[0].id, c.out
+        cos, sin = c.params["cos"], c.params["sin"]
+        scratch = c.scratch((*out.shape[:-1], out.shape[-1] // 2), out.dtype)
+        return (lambda: _rotate_into(vals[x], cos, sin, out, scratch)), "numpy ufuncs into out"
+
+    def compiled_backward(self, c):  # the inverse rotation (angle -p w_r), as backward's
+        g, cos, neg_sin = c.g, c.params["cos"], -c.params["sin"]
+        gx, then = c.grad(0)
+        scratch = c.scratch((*g.shape[:-1], g.shape[-1] // 2), g.dtype)
+
+        def run() -> None:
+            _rotate_into(g, cos, neg_sin, gx, scratch)
+            if then is not None:
+                then()
+
+        return run, "numpy ufuncs into the gradient buffer"
+
+    def batch_axis(self, axes, c):  # x's rows: the (T, D/2) tables broadcast over (T, D) only
+        (x,), tables = axes, c.params["cos"].ndim
+        return x if x is not None and x < len(c.shapes[0]) - tables else None
+
+    def replicated_params(self, params):  # the angle tables: one per position, not per row
+        return ("cos", "sin")
 
     def jvp(self, out, x_dot):  # out_dot = x_dot rotated by the same angles (it is linear)
         cos, sin = self.saved
@@ -518,6 +556,9 @@ class RMSNorm(Function):
             then()
 
         return run, "Numba kernel into the gradient buffers"
+
+    def batch_axis(self, axes, c):  # x's rows, w replicated
+        return _rowwise_axis(axes, c)
 
     def vjp(self, g, output):  # the statistics recomputed as Tensors, then the same rule
         (x, weight), eps = self.inputs, self.saved[-1]
@@ -868,6 +909,9 @@ class SiLU(Function):
                 then()
 
         return run, "one Numba pass: sigmoid recomputed from x, into the gradient buffer"
+
+    def batch_axis(self, axes, c):  # elementwise
+        return axes[0]
 
     def vjp(self, g, output):  # the same rule on Tensors (s from Tensor ops)
         (x,) = self.inputs

@@ -205,6 +205,34 @@ class Mul(Op):
         a, b = c.inputs
         return tuple(i for i, other in ((0, b), (1, a)) if other.requires_grad)
 
+    # compiled, for factors of the output's shape (SwiGLU's silu(gate) * up): the products
+    # into the output and gradient buffers; a broadcast factor replays forward and backward
+    def compiled_forward(self, c):
+        if any(v.shape != c.out.shape for v in c.inputs):
+            return None
+        vals, (a, b), out = c.vals, (v.id for v in c.inputs), c.out
+        return (lambda: np.multiply(vals[a], vals[b], out=out)), "np.multiply(out=)"
+
+    def compiled_backward(self, c):  # da = g * b, db = g * a, into the gradient buffers
+        if any(v.shape != c.g.shape for v in c.inputs):
+            return None
+        vals, g, (a, b) = c.vals, c.g, c.inputs
+        steps = []
+        for i, other in ((0, b), (1, a)):
+            if c.inputs[i].requires_grad:
+                buf, then = c.grad(i)
+                steps.append((buf, other.id, then))
+
+        def run() -> None:
+            for buf, other, then in steps:
+                np.multiply(g, vals[other], out=buf)
+                if then is not None:
+                    then()
+
+        return run, "np.multiply(out=) into the gradient buffers"
+
+    batch_axis = Add.batch_axis  # elementwise with broadcasting, as Add
+
     def jvp(self, out, a_dot, b_dot):  # out_dot = a_dot b + a b_dot  (the product rule)
         a, b = self.saved
         return a_dot * b + a * b_dot

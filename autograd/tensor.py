@@ -166,6 +166,12 @@ class Function:
         the call."""
         return None
 
+    def replicated_params(self, params: dict) -> tuple[str, ...]:
+        """The keyword array parameters (not step arguments) that are the same for every batch
+        row, which a sharded step passes whole to each shard (rotary's angle tables); any other
+        array parameter beside batched values keeps the step whole."""
+        return ()
+
     def shard_params(self, params: dict, out_shape: tuple[int, ...]) -> dict:
         """The keyword parameters that give this op the output shape `out_shape` (one batch
         shard's): the same, unless a parameter spells the output's shape."""

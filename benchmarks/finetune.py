@@ -18,8 +18,10 @@ LlamaForCausalLM, no torch.compile). Each framework and mode runs in a fresh pro
 the processes alternated, --rounds of each; the table quotes medians of the step times after
 --warmup untimed steps (glassgrad's first is the trace, its second the first replay) and the peak
 resident memory of each process (VmHWM: the load, the warm-up and the steps). Needs torch and
-transformers in --hf-python (never a test dependency). Run timings under the bench lock:
-`flock /tmp/glassgrad-bench.lock python -m benchmarks.finetune ...`.
+transformers in --hf-python (never a test dependency). --floor adds the step's products
+floor (benchmarks.products: the same matrix products alone, numpy's BLAS, sharded over the
+threads and whole-batch on them) and glassgrad's step against the faster of the two. Run
+timings under the bench lock: `flock /tmp/glassgrad-bench.lock python -m benchmarks.finetune ...`.
 """
 
 from __future__ import annotations
@@ -178,6 +180,22 @@ def _run_worker(kind: str, mode: str, args: argparse.Namespace, directory: Path)
     return run_worker(command, args.threads, f"{kind} {mode}")
 
 
+def _products_floor(mode: str, args: argparse.Namespace) -> dict[str, float]:
+    """Seconds of the step's matrix products alone with numpy's BLAS (benchmarks.products):
+    {"sharded": each of --threads shards' products on a thread of its own, at once; "whole":
+    the whole batch's with the BLAS on --threads threads}, each in a fresh process."""
+    import subprocess
+
+    config = "smollm2-135m-lora" if mode == "lora" else "smollm2-135m"
+    floor = {}
+    for how, extra in (("sharded", []), ("whole", ["--whole"])):
+        cmd = [sys.executable, "-m", "benchmarks.products", "--worker", "numpy", "--step"]
+        cmd += ["--config", config, "--shards", str(args.threads), "--reps", "5", *extra]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        floor[how] = json.loads(done.stdout)
+    return floor
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.finetune", description=__doc__.splitlines()[0]
@@ -196,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="fresh processes of each framework")
     p.add_argument("--modes", default="full,lora", help="full, lora or both (default)")
     p.add_argument("--hf-python", default=sys.executable, help="a Python with torch+transformers")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the step's products alone (benchmarks.products), once per round and mode",
+    )
     p.add_argument("--dir", help="the model directory (default: written to a temporary one)")
     p.add_argument("--worker", choices=("glassgrad", "torch"), help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=("full", "lora"), help=argparse.SUPPRESS)
@@ -225,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
                     result = _run_worker(kind, mode, args, directory)
                     results.setdefault((kind, mode), []).append(result)
                     print(kind, mode, json.dumps(result), file=sys.stderr)
+                if args.floor:
+                    floor = _products_floor(mode, args)
+                    results.setdefault(("floor", mode), []).append(floor)
+                    print("products floor", mode, json.dumps(floor), file=sys.stderr)
     print(
         f"SmolLM2-135M shape, random weights, float32, batch {args.batch} x {args.seq} tokens, "
         f"AdamW, {args.threads} threads, medians of {args.rounds} fresh processes each "
@@ -245,6 +272,14 @@ def main(argv: list[str] | None = None) -> int:
             f"| {mode} | {g[0]['trainable']:,} / {g[0]['total']:,} | {gs:.2f} | {ts:.2f} | "
             f"{gs / ts:.2f} | {gm:.0f} / {tm:.0f} |"
         )
+    if args.floor:  # the floor: the faster of the two ways to run the products
+        print("\n| mode | products sharded / whole batch (s) | glassgrad / floor |")
+        print("| --- | --- | --- |")
+        for mode in modes:
+            runs = results[("floor", mode)]
+            sharded, whole = (statistics.median(r[h] for r in runs) for h in ("sharded", "whole"))
+            gs = statistics.median(r["step_s"] for r in results[("glassgrad", mode)])
+            print(f"| {mode} | {sharded:.2f} / {whole:.2f} | {gs / min(sharded, whole):.2f} |")
     g0 = results[("glassgrad", modes[0])][0]
     t0 = results[("torch", modes[0])][0]
     print(

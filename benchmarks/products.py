@@ -2,6 +2,7 @@
 
     python -m benchmarks.products --config small --shards 2      # prints a markdown table
     python -m benchmarks.products --config small --floor         # the floor against the steps
+    python -m benchmarks.products --config smollm2-135m-lora     # benchmarks.finetune's step
 
 A training step is mostly matrix products (Linear forward and backward, attention's batched
 q k^T and P v and their backward, over the causal row blocks the fused attention keeps). This
@@ -16,6 +17,9 @@ cannot take less than one shard's products.
 threads (as PyTorch runs them), with numpy's BLAS and with PyTorch's MKL, against glassgrad's
 compiled step and PyTorch's eager step (benchmarks.train_worker), each in a fresh process,
 alternated over --rounds rounds.
+
+--config smollm2-135m / smollm2-135m-lora: benchmarks.finetune's step (SmolLM2-135M's shape, B 4
+x T 256, full or LoRA); `benchmarks.finetune --floor` puts its floor beside the two steps.
 """
 
 from __future__ import annotations
@@ -25,14 +29,48 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from autograd import functional as F
 from benchmarks.configs import parse_config
+from benchmarks.finetune import LORA_RANK, LORA_TARGETS
+from benchmarks.llm import SMOLLM2_135M
+
+
+@dataclass(frozen=True)
+class LlamaStep:
+    """benchmarks.finetune's step: SmolLM2-135M's shape, batch x block tokens, full or LoRA."""
+
+    name: str
+    lora: bool
+    batch_size: int = 4
+    block_size: int = 256
+    vocab_size: int = SMOLLM2_135M["vocab_size"]
+    n_layer: int = SMOLLM2_135M["n_layer"]
+    n_head: int = SMOLLM2_135M["n_head"]
+    n_kv_head: int = SMOLLM2_135M["n_kv_head"]
+    n_embd: int = SMOLLM2_135M["n_embd"]
+    ffn_hidden: int = SMOLLM2_135M["ffn_hidden"]
+
+    def describe(self) -> str:
+        return (f"SmolLM2-135M shape, {'LoRA r ' + str(LORA_RANK) if self.lora else 'full'}, "
+                f"B{self.batch_size} x T{self.block_size}")  # fmt: skip
+
+
+LLAMA_STEPS = {"smollm2-135m": LlamaStep("smollm2-135m", lora=False),
+               "smollm2-135m-lora": LlamaStep("smollm2-135m-lora", lora=True)}  # fmt: skip
+
+
+def config_named(name: str) -> Any:
+    """A GPT BenchConfig (benchmarks.configs.parse_config) or one of LLAMA_STEPS."""
+    return LLAMA_STEPS[name] if name in LLAMA_STEPS else parse_config(name)
 
 
 def step_products(config: Any, shards: int) -> list[tuple[str, int, tuple, tuple, bool, bool]]:
     """(what, count per step, a shape, b shape, transpose a, transpose b) of one shard's step."""
+    if isinstance(config, LlamaStep):
+        return _llama_products(config, shards)
     m = config.batch_size // shards * config.block_size
     c, v, t = config.n_embd, config.vocab_size, config.block_size
     heads = config.batch_size // shards * config.n_head
@@ -49,16 +87,54 @@ def step_products(config: Any, shards: int) -> list[tuple[str, int, tuple, tuple
         out.append((f"{name} forward x W", count, (m, k), (k, n), False, False))
         out.append((f"{name} dX = g W^T", count, (m, n), (k, n), False, True))
         out.append((f"{name} dW = x^T g", count, (m, k), (m, n), True, False))
-    L = config.n_layer
+    return out + _attention_products(config.n_layer, heads, t, d)
+
+
+def _attention_products(layers: int, heads: int, t: int, d: int) -> list[tuple]:
+    """The fused attention's products over its causal row blocks, forward and backward."""
+    out = []
     for r0, r1 in F._row_blocks(t, causal=True):  # as the fused attention skips the future
         rows, where = r1 - r0, f" rows {r0}:{r1}" if (r0, r1) != (0, t) else ""
         qk = (heads, rows, d), (heads, r1, d), False, True
         pv = (heads, rows, r1), (heads, r1, d), False, False
         ptg = (heads, t - r0, rows), (heads, t - r0, d), True, False
-        out.append((f"attention q k^T, dP = g v^T{where}", 2 * L, *qk))
-        out.append((f"attention P v, dS k{where}", 2 * L, *pv))
-        out.append((f"attention P^T g, dS^T q{where}", 2 * L, *ptg))
+        out.append((f"attention q k^T, dP = g v^T{where}", 2 * layers, *qk))
+        out.append((f"attention P v, dS k{where}", 2 * layers, *pv))
+        out.append((f"attention P^T g, dS^T q{where}", 2 * layers, *ptg))
     return out
+
+
+def _llama_products(s: LlamaStep, shards: int) -> list[tuple]:
+    """One shard's products of the Llama step: the seven projections of each layer, the tied
+    head, the attention (grouped K/V heads cost what H heads do). LoRA: no weight gradients but
+    the adapters' (rank r detours on LORA_TARGETS), and layer 0's q/k/v need no input gradient
+    (the embedding and the norm before them are frozen)."""
+    m, L, r = s.batch_size // shards * s.block_size, s.n_layer, LORA_RANK
+    c, d, f = s.n_embd, s.n_embd // s.n_head, s.ffn_hidden
+    q, kv = s.n_head * d, s.n_kv_head * d
+    layer = [("q_proj", c, q), ("k_proj", c, kv), ("v_proj", c, kv), ("o_proj", q, c),
+             ("gate_proj", c, f), ("up_proj", c, f), ("down_proj", f, c)]  # fmt: skip
+    out = []
+    for name, k, n in layer:
+        dx = L - 1 if s.lora and name in ("q_proj", "k_proj", "v_proj") else L
+        out.append((f"{name} forward x W", L, (m, k), (k, n), False, False))
+        out.append((f"{name} dX = g W^T", dx, (m, n), (k, n), False, True))
+        if not s.lora:
+            out.append((f"{name} dW = x^T g", L, (m, k), (m, n), True, False))
+        elif name in LORA_TARGETS:
+            out.append((f"{name} LoRA h = x A", L, (m, k), (k, r), False, False))
+            out.append((f"{name} LoRA h B", L, (m, r), (r, n), False, False))
+            out.append((f"{name} LoRA dB = h^T g", L, (m, r), (m, n), True, False))
+            out.append((f"{name} LoRA dh = g B^T", L, (m, n), (r, n), False, True))
+            out.append((f"{name} LoRA dA = x^T dh", L, (m, k), (m, r), True, False))
+            out.append((f"{name} LoRA dX += dh A^T", dx, (m, r), (k, r), False, True))
+    v = s.vocab_size
+    out.append(("lm head forward x W", 1, (m, c), (c, v), False, False))
+    out.append(("lm head dX = g W^T", 1, (m, v), (c, v), False, True))
+    if not s.lora:
+        out.append(("lm head dW = x^T g", 1, (m, c), (m, v), True, False))
+    heads = s.batch_size // shards * s.n_head
+    return out + _attention_products(L, heads, s.block_size, d)
 
 
 def product_flops(a_shape: tuple, b_shape: tuple, ta: bool, tb: bool) -> float:
@@ -94,7 +170,7 @@ def measure(library: str, config_name: str, shards: int, reps: int) -> dict[str,
 
         threadpool_limits(limits=1, user_api="blas")
         matmul = np.matmul
-    products = _operands(library, parse_config(config_name), shards)
+    products = _operands(library, config_named(config_name), shards)
     return {what: _time(lambda a=a, b=b, out=out: matmul(a, b, out=out), reps)
             for what, a, b, out, _ in products}  # fmt: skip
 
@@ -126,7 +202,7 @@ def measure_step(library: str, config_name: str, shards: int, reps: int, whole: 
     import contextlib
     from concurrent.futures import ThreadPoolExecutor
 
-    config = parse_config(config_name)
+    config = config_named(config_name)
     threads, shards = (shards, 1) if whole else (1, shards)
     if library == "torch":  # only ever in a worker process of its own
         import torch
@@ -162,10 +238,13 @@ def _floor(args: argparse.Namespace) -> int:
 
     from benchmarks import system
 
-    config = parse_config(args.config)
+    config = config_named(args.config)
     peak = system.sgemm_peak(n=2048, reps=10)["gflops"]
     names = [f"{library} products, {how}" for library in ("numpy", "torch")
-             for how in ("sharded", "whole batch")] + ["glassgrad step", "torch step"]  # fmt: skip
+             for how in ("sharded", "whole batch")]  # fmt: skip
+    # the GPT steps (benchmarks.train_worker); the Llama steps: benchmarks.finetune --floor
+    steps = [] if isinstance(config, LlamaStep) else ["glassgrad", "torch"]
+    names += [f"{framework} step" for framework in steps]
     runs: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.rounds):
         for library in ("numpy", "torch"):
@@ -175,7 +254,7 @@ def _floor(args: argparse.Namespace) -> int:
                 cmd += ["--reps", str(args.reps)] + (["--whole"] if how == "whole batch" else [])
                 done = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 runs[f"{library} products, {how}"].append(json.loads(done.stdout))
-        for framework in ("glassgrad", "torch"):
+        for framework in steps:
             cmd = [sys.executable, "-m", "benchmarks.train_worker", "--framework", framework]
             cmd += ["--config", args.config, "--threads", str(args.shards)]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -187,6 +266,11 @@ def _floor(args: argparse.Namespace) -> int:
         f"{args.config} ({config.describe()}), {args.shards} shards / threads, {args.rounds} "
         f"alternating rounds of fresh processes, medians; sgemm peak {peak:.1f} GFLOP/s\n"
     )
+    if not steps:
+        print("| what | ms |\n|---|---:|")
+        for name in names:
+            print(f"| {name} | {1e3 * med[name]:.1f} |")
+        return 0
     print("| what | ms | / torch step |")
     print("|---|---:|---:|")
     for name in names:
@@ -221,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--config", args.config, "--shards", str(args.shards), "--reps", str(args.reps)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         runs[library] = json.loads(done.stdout) if done.returncode == 0 else None
-    config = parse_config(args.config)
+    config = config_named(args.config)
     print(
         f"One shard's products, {args.config} ({config.describe()}), {args.shards} shards, 1 thread"
     )

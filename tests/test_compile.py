@@ -604,3 +604,73 @@ def test_checkpointed_blocks_with_gradient_accumulation_replay_bit_for_bit():
     p1, p2 = plain.state_dict(), checkpointed.state_dict()
     for name in p1:
         assert np.array_equal(p1[name], p2[name]), name
+
+
+# --- batch sharding of a Llama step (RMSNorm, rotary, SiLU, SwiGLU's product, grouped K/V) ------
+
+
+def _llama_setup(lora: bool):
+    from models.architectures.llama import Llama, llama_config
+
+    autograd.set_default_dtype(np.float64)
+    config = llama_config(
+        vocab_size=29, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=16, ffn_hidden=24
+    )
+    model = Llama(config, rng=np.random.default_rng(0))
+    if lora:
+        nn.apply_lora(model, "q_proj,k_proj,v_proj,o_proj", rank=2, alpha=4.0)
+        for layer_b in (p for name, p in model.named_parameters() if name.endswith("lora_B")):
+            layer_b.data[...] = np.random.default_rng(5).standard_normal(layer_b.shape) * 0.1
+    optimizer = nn.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return model, step
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_sharded_llama_step_within_1e_12(lora):
+    # eager against a step sharded over 2 threads, the first row ignoring three targets
+    (m1, eager), (m2, step) = _llama_setup(lora), _llama_setup(lora)
+    compiled = autograd.compile(step, shards=2)
+    rng = np.random.default_rng(2)
+    losses = {"eager": [], "compiled": []}
+    for _ in range(6):
+        d = rng.integers(0, 29, size=(4, 17))
+        x, y = d[:, :-1], d[:, 1:].copy()
+        y[0, :3] = -100
+        for name, fn in (("eager", eager), ("compiled", compiled)):
+            losses[name].append(fn(x, y).item())
+    plan = compiled.plan_for(x, y)
+    assert isinstance(plan, shard.ShardedPlan), plan.unsharded
+    text = plan.describe()
+    assert all(op in text for op in ("RMSNorm", "Rotary", "SiLU", "Mul", "Attention"))
+    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-12)
+    p1, p2 = m1.state_dict(), m2.state_dict()
+    for name in p1:
+        assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
+
+
+def test_default_sharding_keeps_to_the_gradient_budget(monkeypatch):
+    # the default shards a LoRA step (small gradient copies) and keeps full training whole once
+    # the other shard's gradient buffers would pass SHARD_GRADIENT_BUDGET
+    monkeypatch.setattr(plan_module, "blas_threads", lambda: 2)
+    monkeypatch.setattr(shard, "blas_threads", lambda: 2)
+    x = np.random.default_rng(0).integers(0, 29, size=(4, 9))
+    y = x.copy()
+    full = sum(p.data.nbytes for p in _llama_setup(False)[0].parameters())
+    monkeypatch.setattr(shard, "SHARD_GRADIENT_BUDGET", full // 2)  # LoRA's copies fit in it
+    plans = {}
+    for lora in (False, True):
+        _, step = _llama_setup(lora)
+        compiled = autograd.compile(step)
+        compiled(x, y)
+        plans[lora] = compiled.plan_for(x, y)
+    assert isinstance(plans[True], shard.ShardedPlan)
+    assert isinstance(plans[False], plan_module.Plan)
+    assert "gradient buffers would take" in plans[False].unsharded

@@ -12,8 +12,10 @@ summed into the real ones; the recorded clip_grad_norm_ and the optimizer run on
 The check gives every value of the trace a batch axis or None:
 - batched: one axis holds the batch rows, each shard owning one contiguous block of it. The
   array arguments are batched on axis 0, and each op says where its output's batch axis is,
-  given its inputs' (Function.batch_axis: Linear, LayerNorm and GELU keep their input's rows,
-  attention over (B, H, T, D) axis 0, the views keep each shard's rows together, ...);
+  given its inputs' (Function.batch_axis: Linear, LayerNorm, RMSNorm, GELU, SiLU and rotary
+  keep their input's rows, attention over (B, H, T, D) axis 0, the views keep each shard's rows
+  together, ...); an array parameter beside batched values must be one the op declares the same
+  for every row (Function.replicated_params: rotary's angle tables);
 - None (replicated): parameters and what is computed from them alone (wte transposed for the
   tied head, the position embedding), which every shard computes whole. Their gradients are
   each shard's partial sums, which add up as the leaves' do (a VJP is linear in its cotangent).
@@ -21,6 +23,9 @@ The loss must be a mean over batch rows (Function.batch_mean: the mean cross-ent
 batched values, with nothing computed from it. Anything else on a batched value (dropout's
 random mask, a mean over the batch, an op without a batch rule) keeps the step whole; the
 plan's printout says why.
+
+By default a step is sharded only while the other shards' copies of the gradient buffers fit in
+SHARD_GRADIENT_BUDGET (LoRA, a frozen base: yes; full training of a 135M model: no).
 
 The loss of the step is the mean over the kept rows (targets) of all shards. Shard s keeps k_s of
 the K kept targets and its loss is its own mean, so the step's loss is sum_s (k_s / K) loss_s;
@@ -115,8 +120,11 @@ def _out_axis(node: Node, axes: dict, args: set[int], n: int) -> int | None:
     batched = tuple(k for k, p in node.params.items() if id(p) in args)
     if all(x is None for x in a) and not batched:
         return None  # parameters only: every shard computes it whole
+    replicated = node.fn.replicated_params(node.params)
     constants = [
-        k for k, p in node.params.items() if isinstance(p, np.ndarray) and id(p) not in args
+        k
+        for k, p in node.params.items()
+        if isinstance(p, np.ndarray) and id(p) not in args and k not in replicated
     ]
     if constants:  # an array beside batched values might be batch-shaped: it cannot be cut
         raise NotShardable(f"{node.name} with a constant array {constants} beside batched values")
@@ -416,6 +424,24 @@ class ShardedPlan:
         ])  # fmt: skip
 
 
+# The default sharding's memory policy: shard only while the gradient buffers of the shards
+# after the first take at most this much. Each such shard has its own copy of every trained
+# parameter's gradient: a few MiB with LoRA or a frozen base, the model's size in full training.
+# Measured on the SmolLM2-135M fine-tuning step (docs/benchmarks.md, 2026-12-02): LoRA, 3.5 MiB
+# of copies, 3.54 s whole -> 2.94 s sharded; full, 513 MiB of copies, 4.73 -> 4.17 s but peak
+# RSS 4076 -> 4805 MiB, above PyTorch's 4470. GPT small's 41 MiB shards as before.
+# compile(shards=n) shards anyway.
+SHARD_GRADIENT_BUDGET = 256 << 20
+
+
+def gradient_copy_bytes(rec: Recorder, n: int) -> int:
+    """Bytes of the gradient buffers the n - 1 shards after the first would add."""
+    with_grad = leaves_with_grad(rec)
+    leaves = [v for v in rec.recorded if v.id in with_grad]
+    per_shard = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in leaves)
+    return (n - 1) * per_shard
+
+
 def sharded_plan(rec: Recorder, result: Any, fusion: bool | str, shards: int | None) -> Any:
     """A ShardedPlan, or (None, why not) when the step stays whole."""
     n = shard_count(fusion, shards)
@@ -425,9 +451,25 @@ def sharded_plan(rec: Recorder, result: Any, fusion: bool | str, shards: int | N
         return None, "checkpointed segments (their recomputation is planned whole)"
     try:
         axes = batch_axes(rec, n)
+    except NotShardable as exc:
+        return None, str(exc)
+    copies = gradient_copy_bytes(rec, n)
+    if shards is None and copies > SHARD_GRADIENT_BUDGET:
+        return None, (f"the other shards' gradient buffers would take {copies / (1 << 20):.0f} "
+                      f"MiB, over SHARD_GRADIENT_BUDGET ({SHARD_GRADIENT_BUDGET >> 20} MiB; "
+                      "compile(shards=n) shards anyway)")  # fmt: skip
+    try:
         return ShardedPlan(rec, result, n, axes), None
     except NotShardable as exc:
         return None, str(exc)
 
 
-__all__ = ["NotShardable", "ShardedPlan", "batch_axes", "shard_count", "sharded_plan"]
+__all__ = [
+    "SHARD_GRADIENT_BUDGET",
+    "NotShardable",
+    "ShardedPlan",
+    "batch_axes",
+    "gradient_copy_bytes",
+    "shard_count",
+    "sharded_plan",
+]
