@@ -1,0 +1,165 @@
+"""Quantized weights (autograd/quantized.py): llama.cpp's block formats bit for bit against the
+`gguf` package, the kernels against their numpy references, the nn module and the models that
+hold them. The op itself is property-tested and mutation-tested from tests/op_cases.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import autograd
+import nn
+from autograd import Tensor, kernels
+from autograd.kernels import quantized as K
+from autograd.quantized import FORMATS, QuantizedWeight, from_blocks, quantize, quantized_linear
+
+gguf = pytest.importorskip("gguf")
+GGML_TYPE = {
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+    "q4_1": gguf.GGMLQuantizationType.Q4_1,
+}
+
+
+def awkward_weight(rng: np.random.Generator, n_in: int, n_out: int) -> np.ndarray:
+    """(in, out) float32 with what quantizers get wrong: zero blocks, exact ties for the rounding
+    (d = 1 blocks holding halves), repeated extremes, large and tiny magnitudes."""
+    w = rng.standard_normal((n_in, n_out)).astype(np.float32) * rng.choice([1e-3, 1.0, 1e3])
+    w[:32, 0] = 0.0  # a block of zeros: d = 0
+    if n_out > 1:  # q8_0 d = 127 / 127 = 1, q4_1 d = 15 / 15 = 1: halves are ties
+        w[:32, 1] = np.arange(32) % 16 + 0.5
+        w[0, 1], w[1, 1] = 127.0, 0.0
+    if n_out > 2:  # q4_0: the largest magnitude -8 gives d = 1, x + 8.5 lands on integers
+        w[:32, 2] = np.arange(32) % 8 - 7.5
+        w[0, 2] = -8.0
+    if n_out > 3:
+        w[:, 3] = 2.0  # a constant block: max = min
+    return w
+
+
+@settings(deadline=None, max_examples=25)
+@given(
+    st.sampled_from(FORMATS),
+    st.sampled_from([32, 64, 160]),
+    st.integers(1, 9),
+    st.integers(0, 2**32 - 1),
+)
+def test_quantize_is_bit_for_bit_ggufs_and_dequantize_its_reader(fmt, n_in, n_out, seed):
+    w = awkward_weight(np.random.default_rng(seed), n_in, n_out)
+    q = quantize(w, fmt)
+    expected = gguf.quants.quantize(np.ascontiguousarray(w.T), GGML_TYPE[fmt])
+    assert q.blocks().shape == expected.shape
+    np.testing.assert_array_equal(q.blocks(), expected)
+    assert q.nbytes == expected.nbytes  # memory: the file's bytes
+    values = gguf.quants.dequantize(expected, GGML_TYPE[fmt])
+    assert q.dequantize().dtype == np.float32 and q.dequantize().shape == (n_in, n_out)
+    np.testing.assert_array_equal(q.dequantize().T, values)
+    again = from_blocks(expected, fmt, n_in)  # a GGUF tensor's raw blocks, not dequantized
+    np.testing.assert_array_equal(again.blocks(), expected)
+    np.testing.assert_array_equal(again.dequantize(), q.dequantize())
+
+
+def test_quantize_float64_and_rows():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 5))
+    q = quantize(w, "q4_1")
+    np.testing.assert_array_equal(q.blocks(), quantize(w.astype(np.float32), "q4_1").blocks())
+    rows = np.array([4, 0, 0])
+    np.testing.assert_array_equal(q.dequantize_rows(rows), q.dequantize().T[rows])
+    np.testing.assert_array_equal(q.take_rows(rows).dequantize(), q.dequantize()[:, rows])
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: quantize(np.ones((48, 3)), "q8_0"), r"quantize\(q8_0\).*\(48, 3\).*in = 48"),
+        (lambda: quantize(np.ones((32, 3)), "q5_0"), "format must be one of q8_0, q4_0, q4_1"),
+        (lambda: quantize(np.ones(32), "q8_0"), "2-d float"),
+        (
+            lambda: quantized_linear(Tensor(np.ones((2, 33))), quantize(np.ones((32, 3)), "q4_0")),
+            r"quantized_linear.*last dimension 33.*in_features 32",
+        ),
+        (lambda: quantized_linear(Tensor(np.ones(32)), np.ones((32, 3))), "QuantizedWeight"),
+        (
+            lambda: QuantizedWeight("q4_0", (32, 2), np.zeros((2, 1), np.float32), np.zeros(1)),
+            "scales must be a C-contiguous float16 array of shape",
+        ),
+        (lambda: from_blocks(np.zeros((2, 10), np.uint8), "q8_0", 32), r"uint8 \(rows, 34\)"),
+    ],
+)
+def test_bad_input_names_the_op_and_the_shapes(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [1, 3, 40])
+@pytest.mark.parametrize("build", ["serial", "parallel"])
+def test_kernels_match_the_reference(fmt, dtype, rows, build, monkeypatch):
+    from autograd.kernels import _common
+
+    monkeypatch.setattr(_common, "PARALLEL_MIN_WORK", 2**62 if build == "serial" else 0)
+    rng = np.random.default_rng(3)
+    q = quantize(awkward_weight(rng, 96, 300), fmt)  # 300 outputs: past one tile of 256
+    x = rng.standard_normal((rows, 96)).astype(dtype)
+    g = rng.standard_normal((rows, 300)).astype(dtype)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-13, atol=1e-13)
+    scale_x, scale_g = np.abs(x @ np.abs(q.dequantize())).max(), np.abs(g).sum(1).max()
+    for numba, numpy, arg, scale in [
+        (K.quantized_matmul_numba, K.quantized_matmul_numpy, x, scale_x),
+        (K.quantized_matmul_t_numba, K.quantized_matmul_t_numpy, g, scale_g * 1e3),
+    ]:
+        got, want = numba(arg, q), numpy(arg, q)
+        assert got.dtype == dtype and got.shape == want.shape
+        np.testing.assert_allclose(got / scale, want / scale, **tol)
+
+
+def test_float64_product_sees_exactly_the_dequantized_weight():
+    """Each value is made in float32 as gguf's reader makes it (q4_1's d * q + m rounds there),
+    then multiplied in float64: a one-hot x reads W's entries back exactly."""
+    rng = np.random.default_rng(5)
+    q = quantize(rng.standard_normal((64, 7)), "q4_1")
+    for row in (0, 33, 63):
+        x = np.zeros((1, 64))
+        x[0, row] = 1.0
+        np.testing.assert_array_equal(K.quantized_matmul_numba(x, q)[0], q.dequantize()[row])
+
+
+@pytest.mark.parametrize("backend", kernels.BACKENDS)
+def test_op_forward_backward_jvp_in_float32(backend):
+    rng = np.random.default_rng(1)
+    q = quantize(rng.standard_normal((64, 20)).astype(np.float32), "q8_0")
+    w = q.dequantize()
+    x = Tensor(rng.standard_normal((2, 3, 64)).astype(np.float32), requires_grad=True)
+    b = Tensor(rng.standard_normal(20).astype(np.float32), requires_grad=True)
+    with kernels.use_backend(backend):
+        y = quantized_linear(x, q, b)
+        assert y.dtype == np.float32 and y.shape == (2, 3, 20)
+        np.testing.assert_allclose(y.data, x.data @ w + b.data, rtol=1e-5, atol=1e-5)
+        y.sum().backward()
+    np.testing.assert_allclose(x.grad, np.broadcast_to(w.sum(1), x.shape), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(b.grad, np.full(20, 6.0, np.float32))
+
+
+def test_compiled_step_replays_the_op_bit_for_bit():
+    autograd.set_default_dtype(np.float64)
+    rng = np.random.default_rng(2)
+    q = quantize(rng.standard_normal((32, 6)), "q4_0")
+    w = Tensor(rng.standard_normal((5, 32)) * 3, dtype=np.float64, requires_grad=True)
+
+    def step(inputs):
+        w.grad = None
+        loss = (quantized_linear(inputs @ w, q) ** 2).mean()
+        loss.backward()
+        return loss
+
+    inputs = rng.standard_normal((4, 5))
+    eager_loss, eager_grad = step(inputs).item(), w.grad.copy()
+    compiled = autograd.compile(step, fusion=False)
+    for _ in range(3):
+        loss = compiled(inputs)
+    assert loss.item() == eager_loss
+    np.testing.assert_array_equal(w.grad, eager_grad)
