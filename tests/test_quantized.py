@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autograd
-import nn
 from autograd import Tensor, kernels
 from autograd.kernels import quantized as K
 from autograd.quantized import FORMATS, QuantizedWeight, from_blocks, quantize, quantized_linear

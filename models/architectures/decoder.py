@@ -260,7 +260,7 @@ class Decoder(nn.Module):
             x = x[:, -1:, :]  # the norm and the head act per position: skip the others
         x = t.ln_f(x)
         if self.config.tie_word_embeddings:  # logits = h @ wte^T (notes 9.4), one 2-D product
-            logits = nn.linear(x, t.wte.weight.T)
+            logits = t.wte.attend(x)  # (a QuantizedEmbedding's: the quantized linear)
         else:
             logits = self.lm_head(x)
         if targets is None:
@@ -282,7 +282,7 @@ class Decoder(nn.Module):
         positions (default block_size; a long-context model wants less preallocated)."""
         c = self.config
         max_len = c.block_size if max_len is None else min(max_len, c.block_size)
-        dtype = self.transformer.wte.weight.dtype
+        dtype = self.transformer.ln_f.weight.dtype  # (wte's may be quantized blocks)
         return [
             nn.LayerKVCache(batch, c.n_kv_head, max_len, c.head_dim, dtype)
             for _ in range(c.n_layer)

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from autograd.quantized import FORMATS, QuantizedWeight, from_blocks
+from autograd.quantized import quantize as quantize_weight
 from models.formats.errors import FileFormatError
 
 
@@ -173,7 +175,10 @@ def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
     interleaves each head's two halves of rows, row r and row r + D/2 becoming rows 2r and
     2r + 1, so that llama.cpp rotates the same pairs; reading rows back in HF's order is the
     inverse. `weight` is (rows, ...) in numpy's shape, rows = n_head * D; n_head is the number
-    of query heads for attn_q, of key/value heads for attn_k."""
+    of query heads for attn_q, of key/value heads for attn_k. A QuantizedWeight's rows (whole
+    rows of blocks) move the same way."""
+    if isinstance(weight, QuantizedWeight):
+        return weight.take_rows(unpermute_qk(np.arange(weight.out_features), n_head))
     half = weight.shape[0] // n_head // 2
     heads = weight.reshape(n_head, half, 2, *weight.shape[1:])  # file: (head, r, pair member)
     return heads.swapaxes(1, 2).reshape(weight.shape)  # HF: (head, which half, r)
@@ -358,14 +363,21 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return hf_config(read_metadata(reader), {t.name for t in reader.tensors}, path)
 
 
-def load(path: str | Path, dtype: Any = None, max_bytes: int | None = None) -> Any:
+def load(
+    path: str | Path, dtype: Any = None, max_bytes: int | None = None, quantize: str | None = None
+) -> Any:
     """The model of a GGUF file, weights in dtype (default: the default float dtype, float32).
 
     The metadata becomes a Hugging Face config (hf_config) and the tensors HF-named arrays in
     HF's layout, which the family's own loader (Decoder.load_hf_tensors) takes as it takes a
     directory's: one path builds every model. Every tensor's presence, dims and type is checked
     before any is read; then each is dequantized straight into dtype, one at a time (the peak is
-    the model in dtype plus about one tensor)."""
+    the model in dtype plus about one tensor).
+
+    quantize: None (every weight in dtype), "q8_0" / "q4_0" / "q4_1" (every Linear weight and a
+    tied embedding quantized as it is read) or "gguf" (those weights keep the file's own Q8_0,
+    Q4_0, Q4_1 blocks, never dequantized; of another type they are dequantized to dtype). The
+    float weights the quantized ones replace are never allocated (quantized_loading)."""
     from autograd import get_default_dtype
     from models.architectures.decoder import _NoInit  # every weight is about to be loaded
     from models.architectures.llama import Llama
@@ -387,15 +399,29 @@ def load(path: str | Path, dtype: Any = None, max_bytes: int | None = None) -> A
     n_head, n_kv_head = config["num_attention_heads"], config["num_key_value_heads"]
     permuted = {"attn_q": n_head, "attn_k": n_kv_head} if config["model_type"] == "llama" else {}
 
-    def hf_tensors() -> Iterator[tuple[str, str, np.ndarray]]:
+    quantized = None if quantize is None else quantized_loading(model, quantize, dtype)
+
+    def hf_tensors() -> Iterator[tuple[str, str, Any]]:
         for name, tensor in tensors.items():  # file order: the memory map is read front to back
-            array = dequantize(tensor, dtype, path)
+            hf_name = expected[name][0]
+            fmt = tensor.tensor_type.name.lower()
+            if quantize == "gguf" and fmt in FORMATS and hf_name in quantized.targets:
+                n_in = int(tensor.shape[0])  # ne0: the values of a row
+                array = from_blocks(
+                    np.asarray(tensor.data).reshape(-1, tensor.data.shape[-1]), fmt, n_in
+                )
+            else:
+                array = dequantize(tensor, dtype, path)
             kind = name.split(".")[-2]  # blk.3.attn_q.weight -> attn_q
             if kind in permuted:  # llama's converter permuted these rows (weights and biases)
                 array = unpermute_qk(array, permuted[kind])
-            yield str(path), expected[name][0], array
+            yield str(path), hf_name, array
 
-    model.load_hf_tensors(hf_tensors(), dtype)
+    if quantized is None:
+        model.load_hf_tensors(hf_tensors(), dtype)
+    else:
+        model.load_hf_tensors(quantized.take(hf_tensors()), dtype)
+        quantized.check(path)
     return model
 
 
@@ -440,3 +466,79 @@ def _check_tensors(
             raise FileFormatError(
                 path, name, "has a type gguf.quants cannot dequantize", tensor.tensor_type.name
             )
+
+
+# --- weights kept quantized (models.from_pretrained(..., quantize=)) ---------------------------
+
+QUANTIZE = (*FORMATS, "gguf")  # from_pretrained(quantize=)
+
+
+class QuantizedLoading:
+    """Loads a model's Linear weights (and a tied embedding) as QuantizedWeights, tensor by tensor.
+
+    Made before the tensors are read: each target's float weight Parameter is taken out of its
+    module (the _NoInit zeros it held were never written, so never took memory), so the loader
+    neither expects nor allocates it. take() then passes the other tensors on and turns each
+    target's, as it streams by, into a QuantizedLinear (QuantizedEmbedding), quantizing a float
+    array to `fmt`, or keeping a QuantizedWeight (a file's own blocks) as it is; with "gguf", a
+    target the file stores in float stays a float Parameter."""
+
+    def __init__(self, model: Any, fmt: str, dtype: Any) -> None:
+        import nn  # the layers that hold the blocks
+
+        self.model, self.fmt, self.dtype, self.nn = model, fmt, np.dtype(dtype), nn
+        tied = model.config.tie_word_embeddings
+        self.modules = modules = dict(model.named_modules())
+        self.targets: dict[str, tuple[str, bool]] = {}  # HF name -> (module name, transposed)
+        for hf_name, (name, transposed) in model.hf_names().items():
+            module_name, _, kind = name.rpartition(".")
+            module = modules[module_name]
+            if kind == "weight" and (
+                isinstance(module, nn.Linear) or (tied and module is model.transformer.wte)
+            ):
+                self.targets[hf_name] = (module_name, transposed)
+        for module_name, _ in self.targets.values():
+            del modules[module_name]._parameters["weight"]
+        self.loaded: set[str] = set()
+
+    def take(self, tensors: Iterator[tuple[str, str, Any]]) -> Iterator[tuple[str, str, Any]]:
+        for source, hf_name, array in tensors:
+            if hf_name not in self.targets:
+                yield source, hf_name, array
+                continue
+            self._place(hf_name, array)
+            self.loaded.add(hf_name)
+
+    def _place(self, hf_name: str, array: Any) -> None:
+        nn = self.nn
+        module_name, transposed = self.targets[hf_name]
+        module = self.modules[module_name]
+        if isinstance(array, np.ndarray):  # W (in, out) = the file's array, transposed or not
+            weight = array.T if transposed else array
+            if self.fmt == "gguf":  # a float tensor of the file stays float
+                module.weight = nn.Parameter(np.ascontiguousarray(weight, dtype=self.dtype))
+                return
+            if isinstance(module, nn.Embedding):  # its rows are the blocks' rows
+                weight = array.T
+            try:
+                array = quantize_weight(weight, self.fmt)
+            except ValueError as exc:
+                raise ValueError(f"{hf_name}: {exc}") from None
+        if isinstance(module, nn.Embedding):
+            new = nn.QuantizedEmbedding(array, self.dtype)
+        else:
+            new = nn.QuantizedLinear(array)
+            new.bias = module.bias
+        nn.quantized.set_child(self.model, module_name, new)
+
+    def check(self, path: Path) -> None:
+        missing = [name for name in self.targets if name not in self.loaded]
+        if missing:
+            raise FileFormatError(path, None, f"the file lacks {', '.join(missing)}")
+
+
+def quantized_loading(model: Any, fmt: str, dtype: Any) -> QuantizedLoading:
+    """A QuantizedLoading for `model`, fmt checked: one of QUANTIZE."""
+    if fmt not in QUANTIZE:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)} or None, got {fmt!r}")
+    return QuantizedLoading(model, fmt, dtype)
