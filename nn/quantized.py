@@ -75,7 +75,7 @@ class QuantizedEmbedding(Module):
         ids = _int_array(idx, "QuantizedEmbedding", "token ids")
         _check_range(ids, self.num_embeddings, "QuantizedEmbedding", "id")
         rows = self.weight.dequantize_rows(ids.reshape(-1)).astype(self.dtype, copy=False)
-        return Tensor(rows.reshape(*ids.shape, self.embedding_dim))
+        return Tensor(rows.reshape(*ids.shape, self.embedding_dim), dtype=self.dtype)
 
     def attend(self, x: Tensor) -> Tensor:
         """x @ table^T (the tied output head, notes 9.4), by the quantized linear."""

