@@ -12,6 +12,7 @@ it is imported only when a GGUF file is read.
 
 from __future__ import annotations
 
+import mmap
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -416,6 +417,7 @@ def load(
             if kind in permuted:  # llama's converter permuted these rows (weights and biases)
                 array = unpermute_qk(array, permuted[kind])
             yield str(path), hf_name, array
+            _release(reader, tensor)  # copied by now: its pages of the file can go
 
     if quantized is None:
         model.load_hf_tensors(hf_tensors(), dtype)
@@ -423,6 +425,18 @@ def load(
         model.load_hf_tensors(quantized.take(hf_tensors()), dtype)
         quantized.check(path)
     return model
+
+
+def _release(reader: Any, tensor: Any) -> None:
+    """Take a tensor's pages of the memory-mapped file out of this process's resident memory
+    (madvise MADV_DONTNEED; the OS keeps them in its page cache): read front to back, the file's
+    pages would otherwise stay resident beside the copies made of them (the Q4_1 SmolLM2's 98 MB)
+    until the reader is closed."""
+    file_map = getattr(reader.data, "_mmap", None)
+    if file_map is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = tensor.data_offset // mmap.PAGESIZE * mmap.PAGESIZE
+    file_map.madvise(mmap.MADV_DONTNEED, start, tensor.data_offset + tensor.n_bytes - start)
 
 
 def _expected_tensors(model: Any, path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
