@@ -191,7 +191,9 @@ def quantized_matmul_numba(x, weight):
         _matvec(x[0], weight, out[0])
         return out
     for start, stop, tile in _tiles(weight, x.dtype):
-        np.matmul(x, tile.T, out=out[:, start:stop])
+        # not matmul(out=out[:, start:stop]): numpy leaves BLAS for its own loop when the output
+        # is a strided slice (8 rows x 576 x 256 took 14 ms instead of 0.1 ms)
+        out[:, start:stop] = x @ tile.T
     return out
 
 
