@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from autograd import kernels
+from autograd.functional import _rowwise_axis
 from autograd.tensor import Function, Tensor
 
 BLOCK = 32  # values per block, every format here
@@ -291,6 +292,9 @@ class QuantizedLinear(Function):
 
     def backward_reads(self, c):  # the weight lives in the op's params; x is not read
         return ()
+
+    def batch_axis(self, axes, c):  # x's rows, the bias replicated (as Linear's)
+        return _rowwise_axis(axes, c)
 
 
 def quantized_linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
