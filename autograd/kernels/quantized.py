@@ -21,7 +21,18 @@ f16 scales become float32 through a 65536-entry table (Numba has no float16 on t
 import numpy as np
 from numba import prange
 
-from ._common import Kernel
+from ._common import FASTMATH, Kernel
+
+# "contract" lets LLVM fuse a * b + c into one FMA. A value stays gguf's: d * q is exact in
+# float32 (an 11-bit d times a 4- or 8-bit q), so fma(d, q, m) rounds once where gguf's
+# d * q + m rounds once too. Only the sums' rounding changes, as "reassoc" already allows.
+# (+18 % on the q4_1 matrix-vector product, one thread)
+EXACT_VALUES = FASTMATH | {"contract"}
+
+
+def _kernel(fn):
+    return Kernel(fn, fastmath=EXACT_VALUES)
+
 
 F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
@@ -69,7 +80,7 @@ def quantized_matmul_t_numpy(g, weight):
 # reader makes it, in float32, before it is multiplied, so a float64 x sees exactly W.
 
 
-@Kernel
+@_kernel
 def _matvec_q8_0(x, scales, quants, table, out):
     for r in prange(quants.shape[0]):
         lanes = np.zeros(32, x.dtype)
@@ -80,7 +91,7 @@ def _matvec_q8_0(x, scales, quants, table, out):
         out[r] = lanes.sum()
 
 
-@Kernel
+@_kernel
 def _matvec_q4_0(x, scales, quants, table, out):
     # byte j of a block: its low nibble is value j, its high nibble value j + 16
     for r in prange(quants.shape[0]):
@@ -94,7 +105,7 @@ def _matvec_q4_0(x, scales, quants, table, out):
         out[r] = lanes.sum()
 
 
-@Kernel
+@_kernel
 def _matvec_q4_1(x, scales, mins, quants, table, out):
     for r in prange(quants.shape[0]):
         lanes = np.zeros(32, x.dtype)
