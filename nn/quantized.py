@@ -22,8 +22,7 @@ from autograd import Tensor, get_default_dtype
 from autograd.functional import _check_range, _int_array
 from autograd.quantized import FORMATS, QuantizedWeight, quantize, quantized_linear
 from nn.layers import Embedding, Linear
-from nn.lora import _set_child as set_child
-from nn.module import Module, Parameter
+from nn.module import Module, Parameter, set_child
 
 
 class QuantizedLinear(Module):

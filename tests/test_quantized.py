@@ -14,6 +14,7 @@ import nn
 from autograd import Tensor, kernels
 from autograd.kernels import quantized as K
 from autograd.quantized import FORMATS, QuantizedWeight, from_blocks, quantize, quantized_linear
+from nn.module import set_child
 
 gguf = pytest.importorskip("gguf")
 GGML_TYPE = {
@@ -310,3 +311,35 @@ def test_a_step_through_the_op_shards_over_the_batch():
         assert abs(loss - eager_loss) <= 1e-12 * abs(eager_loss)
         np.testing.assert_allclose(table.grad, eager_grad, rtol=1e-12, atol=1e-14)
     assert isinstance(compiled.plan_for(x, y), shard.ShardedPlan)
+
+
+def test_lora_on_a_quantized_base_trains_and_unloads_into_a_float_linear(tmp_path):
+    """QLoRA: the base stays in its blocks (no Parameter, no gradient), the adapter trains; the
+    adapter saves and loads as on a float base; unload_lora gives a float Linear of W + AB."""
+    autograd.set_default_dtype(np.float64)
+    rng = np.random.default_rng(6)
+    model = nn.Sequential(nn.Linear(32, 64, rng=rng), nn.Linear(64, 8, rng=rng))
+    nn.quantize_linears(model, "q8_0")
+    assert nn.apply_lora(model, "1", rank=2, alpha=4.0) == ["1"]
+    lora = model._modules["1"]
+    assert lora.quantized and "lora_A" in dict(lora.named_parameters())
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ["1.lora_A", "1.lora_B"]
+    with pytest.raises(RuntimeError, match=r"LoRA.merge: the base weight is quantized \(q8_0\)"):
+        lora.merge()
+    x = rng.standard_normal((5, 32))
+    opt = nn.optim.SGD([lora.lora_A, lora.lora_B], lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        (model(Tensor(x)) ** 2).mean().backward()
+        opt.step()
+    assert np.abs(lora.lora_B.data).max() > 0  # the adapter moved
+    before = model(Tensor(x)).data
+    nn.save_adapter(tmp_path, model)
+    fresh = nn.Sequential(nn.Linear(32, 64, rng=np.random.default_rng(6)), nn.Linear(64, 8))
+    set_child(fresh, "0", model._modules["0"])  # the same quantized first layer
+    set_child(fresh, "1", nn.QuantizedLinear(lora.weight, lora.bias))
+    nn.load_adapter(tmp_path, fresh)
+    np.testing.assert_allclose(fresh(Tensor(x)).data, before, rtol=1e-12, atol=1e-12)
+    assert nn.unload_lora(model) == ["1"]
+    assert type(model._modules["1"]) is nn.Linear
+    np.testing.assert_allclose(model(Tensor(x)).data, before, rtol=1e-10, atol=1e-12)

@@ -543,7 +543,7 @@ class QuantizedLoading:
         else:
             new = nn.QuantizedLinear(array)
             new.bias = module.bias
-        nn.quantized.set_child(self.model, module_name, new)
+        nn.module.set_child(self.model, module_name, new)
 
     def check(self, path: Path) -> None:
         missing = [name for name in self.targets if name not in self.loaded]
