@@ -121,8 +121,8 @@ def attention_backward(rng, dtype, rows, width):
 
 
 def _quantized_weight(rng, rows, width):
-    """A QuantizedWeight of in = width rounded up to whole blocks and out = rows + 300 (past one
-    dequantized tile), in a format drawn from the three."""
+    """A QuantizedWeight of in = width rounded up to whole blocks and out = rows + 300, in a
+    format drawn from the three."""
     from autograd.quantized import BLOCK, FORMATS, quantize
 
     n_in = -(-width // BLOCK) * BLOCK
