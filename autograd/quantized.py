@@ -313,3 +313,34 @@ def quantized_linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = N
             f"quantized_linear: bias must be (out,) = ({weight.out_features},), got {bias.shape}"
         )
     return QuantizedLinear.apply(x, bias, weight=weight)
+
+
+class QuantizedRows(Function):
+    # out[..., :] = row idx of W^T, dequantized: a lookup in a frozen quantized table (a tied
+    # embedding, whose rows are the head's W^T rows); no input Tensor, so no gradient (10.9)
+    def forward(self, idx=None, weight=None, dtype=None):
+        rows = weight.dequantize_rows(idx.reshape(-1)).astype(dtype, copy=False)
+        return rows.reshape(*idx.shape, weight.in_features)
+
+    def backward(self, g):
+        return ()
+
+    def batch_axis(self, axes, c):  # rows of the table for batched ids (as Embedding's)
+        return 0 if c.batched == ("idx",) else None
+
+
+def quantized_rows(weight: QuantizedWeight, idx: Any, dtype: Any) -> Tensor:
+    """Rows `idx` (integers, any shape) of W^T in `dtype`: idx.shape + (in,). An op, so that a
+    compiled step replays the lookup for new ids."""
+    ids = np.asarray(idx.data if isinstance(idx, Tensor) else idx)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(
+            f"quantized_rows: ids must be integers, got dtype {ids.dtype} ({ids.shape})"
+        )
+    if ids.size and (ids.min() < 0 or ids.max() >= weight.out_features):
+        bad = ids[(ids < 0) | (ids >= weight.out_features)].flat[0]
+        raise IndexError(
+            f"quantized_rows: id {bad} is out of range [0, {weight.out_features}) "
+            f"(ids shape {ids.shape})"
+        )
+    return QuantizedRows.apply(idx=ids, weight=weight, dtype=np.dtype(dtype))

@@ -19,8 +19,13 @@ from typing import Any
 import numpy as np
 
 from autograd import Tensor, get_default_dtype
-from autograd.functional import _check_range, _int_array
-from autograd.quantized import FORMATS, QuantizedWeight, quantize, quantized_linear
+from autograd.quantized import (
+    FORMATS,
+    QuantizedWeight,
+    quantize,
+    quantized_linear,
+    quantized_rows,
+)
 from nn.layers import Embedding, Linear
 from nn.module import Module, Parameter, set_child
 
@@ -71,10 +76,7 @@ class QuantizedEmbedding(Module):
         self.dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
 
     def forward(self, idx: Any) -> Tensor:
-        ids = _int_array(idx, "QuantizedEmbedding", "token ids")
-        _check_range(ids, self.num_embeddings, "QuantizedEmbedding", "id")
-        rows = self.weight.dequantize_rows(ids.reshape(-1)).astype(self.dtype, copy=False)
-        return Tensor(rows.reshape(*ids.shape, self.embedding_dim), dtype=self.dtype)
+        return quantized_rows(self.weight, idx, self.dtype)
 
     def attend(self, x: Tensor) -> Tensor:
         """x @ table^T (the tied output head, notes 9.4), by the quantized linear."""

@@ -344,3 +344,28 @@ def test_lora_on_a_quantized_base_trains_and_unloads_into_a_float_linear(tmp_pat
     assert nn.unload_lora(model) == ["1"]
     assert type(model._modules["1"]) is nn.Linear
     np.testing.assert_allclose(model(Tensor(x)).data, before, rtol=1e-10, atol=1e-12)
+
+
+def test_a_quantized_embedding_lookup_is_an_op_a_compiled_step_replays():
+    """The lookup is recorded (QuantizedRows), so a replay reads the new ids' rows: a Tensor made
+    from the rows inside the step would be a constant of the first call."""
+    autograd.set_default_dtype(np.float64)
+    rng = np.random.default_rng(7)
+    table = nn.QuantizedEmbedding(quantize(rng.standard_normal((32, 11)), "q4_0"), np.float64)
+    w = Tensor(rng.standard_normal((32, 3)), requires_grad=True)
+
+    def step(ids):
+        w.grad = None
+        loss = (table(ids) @ w).sum()
+        loss.backward()
+        return loss
+
+    compiled = autograd.compile(step, fusion=False)
+    for _ in range(4):
+        ids = rng.integers(0, 11, (2, 5))
+        eager_loss, eager_grad = step(ids).item(), w.grad.copy()
+        assert compiled(ids).item() == eager_loss
+        np.testing.assert_array_equal(w.grad, eager_grad)
+    np.testing.assert_array_equal(table(ids).data, table.weight.dequantize().T[ids])
+    with pytest.raises(IndexError, match=r"quantized_rows: id 11 is out of range \[0, 11\)"):
+        table(np.array([11]))
