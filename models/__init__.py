@@ -11,18 +11,16 @@ the encoder and the encoder-decoder, tokenizers, data and the train/sample/chat 
 from pathlib import Path
 from typing import Any
 
-import nn
 from autograd import check_packages  # nn, imported by models.architectures.gpt, checks autograd
-from autograd.quantized import FORMATS
 from models.architectures.decoder import Decoder, DecoderConfig
 from models.architectures.gpt import GPT, GPTConfig
 from models.architectures.llama import Llama
 from models.formats.errors import FileFormatError
 from models.formats.hf import Fields, read_config
 from models.formats.hub import resolve
+from models.formats.quantized import QUANTIZE
 from models.formats.tokenizer import BPETokenizer, CharTokenizer
 
-QUANTIZE = (*FORMATS, "gguf")  # from_pretrained's quantize=: a block format, or the file's own
 FAMILIES = {"gpt2": GPT, "llama": Llama, "qwen2": Llama, "mistral": Llama}
 
 
@@ -45,8 +43,7 @@ def from_pretrained(
     quantize (docs/quantization.md): "q8_0", "q4_0" or "q4_1" keep every Linear weight (and a
     tied embedding, which is also the output head) quantized in llama.cpp's block format,
     quantized as it is read; "gguf" keeps a GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks as they
-    are (other types dequantized to dtype). A GGUF file is quantized tensor by tensor, never
-    holding the float model; a directory is loaded in float, then quantized."""
+    are (other types dequantized to dtype). Tensor by tensor: the float model is never held."""
     if quantize not in (None, *QUANTIZE):
         raise ValueError(
             f"from_pretrained: quantize must be one of {', '.join(QUANTIZE)} or None, "
@@ -60,11 +57,8 @@ def from_pretrained(
     if quantize == "gguf":
         raise ValueError(f"from_pretrained: quantize='gguf' needs a .gguf file, got {path}")
     directory, config = read_config(path)
-    model = _family(config, directory / "config.json").from_pretrained(path, dtype, max_bytes)
-    if quantize is not None:
-        tied = model.transformer.wte if model.config.tie_word_embeddings else None
-        nn.quantize_linears(model, quantize, tied_embedding=tied)
-    return model
+    family = _family(config, directory / "config.json")
+    return family.from_pretrained(path, dtype, max_bytes, quantize)
 
 
 def pretrained_config(path: str | Path, revision: str | None = None) -> DecoderConfig:

@@ -193,7 +193,7 @@ def small_llama(dtype, tied=True):
     autograd.set_default_dtype(dtype)
     config = llama_config(
         vocab_size=70, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, ffn_hidden=96,
-        tie_word_embeddings=tied, qkv_bias=True,
+        tie_word_embeddings=tied, qkv_bias=True, model_type="qwen2",
     )  # fmt: skip
     model = Llama(config, np.random.default_rng(0))
     for p in model.parameters():  # weights of a trained model's size, not 0.02
@@ -369,3 +369,25 @@ def test_a_quantized_embedding_lookup_is_an_op_a_compiled_step_replays():
     np.testing.assert_array_equal(table(ids).data, table.weight.dequantize().T[ids])
     with pytest.raises(IndexError, match=r"quantized_rows: id 11 is out of range \[0, 11\)"):
         table(np.array([11]))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_directory_is_quantized_tensor_by_tensor(tmp_path, fmt):
+    """from_pretrained(directory, quantize=), tensor by tensor, gives the blocks of the float load
+    quantized afterwards, bit for bit, and the same float Parameters (the norms, the biases)."""
+    import models
+
+    model = small_llama(np.float32, tied=True)
+    model.save_pretrained(tmp_path)
+    loaded = models.from_pretrained(tmp_path, quantize=fmt)
+    after = models.from_pretrained(tmp_path)
+    nn.quantize_linears(after, fmt, after.transformer.wte)
+    names = [n for n, _ in loaded.named_parameters()]
+    assert names == [n for n, _ in after.named_parameters()]
+    assert not any(n.endswith(("proj.weight", "embed_tokens.weight")) for n in names)
+    mine, theirs = dict(loaded.named_modules()), dict(after.named_modules())
+    for name, module in theirs.items():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            np.testing.assert_array_equal(mine[name].weight.blocks(), module.weight.blocks())
+    with pytest.raises(ValueError, match="quantize='gguf' needs a .gguf file"):
+        models.from_pretrained(tmp_path, quantize="gguf")

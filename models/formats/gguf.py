@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from autograd.quantized import FORMATS, QuantizedWeight, from_blocks
-from autograd.quantized import quantize as quantize_weight
 from models.formats.errors import FileFormatError
+from models.formats.quantized import QuantizedLoading
 
 
 def _gguf() -> Any:
@@ -378,7 +378,7 @@ def load(
     quantize: None (every weight in dtype), "q8_0" / "q4_0" / "q4_1" (every Linear weight and a
     tied embedding quantized as it is read) or "gguf" (those weights keep the file's own Q8_0,
     Q4_0, Q4_1 blocks, never dequantized; of another type they are dequantized to dtype). The
-    float weights the quantized ones replace are never allocated (quantized_loading)."""
+    float weights the quantized ones replace are never allocated (QuantizedLoading)."""
     from autograd import get_default_dtype
     from models.architectures.decoder import _NoInit  # every weight is about to be loaded
     from models.architectures.llama import Llama
@@ -400,7 +400,7 @@ def load(
     n_head, n_kv_head = config["num_attention_heads"], config["num_key_value_heads"]
     permuted = {"attn_q": n_head, "attn_k": n_kv_head} if config["model_type"] == "llama" else {}
 
-    quantized = None if quantize is None else quantized_loading(model, quantize, dtype)
+    quantized = None if quantize is None else QuantizedLoading(model, quantize, dtype)
 
     def hf_tensors() -> Iterator[tuple[str, str, Any]]:
         for name, tensor in tensors.items():  # file order: the memory map is read front to back
@@ -480,79 +480,3 @@ def _check_tensors(
             raise FileFormatError(
                 path, name, "has a type gguf.quants cannot dequantize", tensor.tensor_type.name
             )
-
-
-# --- weights kept quantized (models.from_pretrained(..., quantize=)) ---------------------------
-
-QUANTIZE = (*FORMATS, "gguf")  # from_pretrained(quantize=)
-
-
-class QuantizedLoading:
-    """Loads a model's Linear weights (and a tied embedding) as QuantizedWeights, tensor by tensor.
-
-    Made before the tensors are read: each target's float weight Parameter is taken out of its
-    module (the _NoInit zeros it held were never written, so never took memory), so the loader
-    neither expects nor allocates it. take() then passes the other tensors on and turns each
-    target's, as it streams by, into a QuantizedLinear (QuantizedEmbedding), quantizing a float
-    array to `fmt`, or keeping a QuantizedWeight (a file's own blocks) as it is; with "gguf", a
-    target the file stores in float stays a float Parameter."""
-
-    def __init__(self, model: Any, fmt: str, dtype: Any) -> None:
-        import nn  # the layers that hold the blocks
-
-        self.model, self.fmt, self.dtype, self.nn = model, fmt, np.dtype(dtype), nn
-        tied = model.config.tie_word_embeddings
-        self.modules = modules = dict(model.named_modules())
-        self.targets: dict[str, tuple[str, bool]] = {}  # HF name -> (module name, transposed)
-        for hf_name, (name, transposed) in model.hf_names().items():
-            module_name, _, kind = name.rpartition(".")
-            module = modules[module_name]
-            if kind == "weight" and (
-                isinstance(module, nn.Linear) or (tied and module is model.transformer.wte)
-            ):
-                self.targets[hf_name] = (module_name, transposed)
-        for module_name, _ in self.targets.values():
-            del modules[module_name]._parameters["weight"]
-        self.loaded: set[str] = set()
-
-    def take(self, tensors: Iterator[tuple[str, str, Any]]) -> Iterator[tuple[str, str, Any]]:
-        for source, hf_name, array in tensors:
-            if hf_name not in self.targets:
-                yield source, hf_name, array
-                continue
-            self._place(hf_name, array)
-            self.loaded.add(hf_name)
-
-    def _place(self, hf_name: str, array: Any) -> None:
-        nn = self.nn
-        module_name, transposed = self.targets[hf_name]
-        module = self.modules[module_name]
-        if isinstance(array, np.ndarray):  # W (in, out) = the file's array, transposed or not
-            weight = array.T if transposed else array
-            if self.fmt == "gguf":  # a float tensor of the file stays float
-                module.weight = nn.Parameter(weight, dtype=self.dtype)
-                return
-            if isinstance(module, nn.Embedding):  # its rows are the blocks' rows
-                weight = array.T
-            try:
-                array = quantize_weight(weight, self.fmt)
-            except ValueError as exc:
-                raise ValueError(f"{hf_name}: {exc}") from None
-        if isinstance(module, nn.Embedding):
-            new = nn.QuantizedEmbedding(array, self.dtype)
-        else:
-            new = nn.QuantizedLinear(array)
-            new.bias = module.bias
-        nn.module.set_child(self.model, module_name, new)
-
-    def check(self, path: Path) -> None:
-        missing = [name for name in self.targets if name not in self.loaded]
-        if missing:
-            raise FileFormatError(path, None, f"the file lacks {', '.join(missing)}")
-
-
-def quantized_loading(model: Any, fmt: str, dtype: Any) -> QuantizedLoading:
-    """A QuantizedLoading for `model`, fmt checked: one of QUANTIZE."""
-    if fmt not in QUANTIZE:
-        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)} or None, got {fmt!r}")
-    return QuantizedLoading(model, fmt, dtype)
