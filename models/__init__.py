@@ -18,6 +18,7 @@ from models.architectures.llama import Llama
 from models.formats.errors import FileFormatError
 from models.formats.hf import Fields, read_config
 from models.formats.hub import resolve
+from models.formats.quantized import QUANTIZE
 from models.formats.tokenizer import BPETokenizer, CharTokenizer
 
 FAMILIES = {"gpt2": GPT, "llama": Llama, "qwen2": Llama, "mistral": Llama}
@@ -28,6 +29,7 @@ def from_pretrained(
     dtype: Any = None,
     revision: str | None = None,
     max_bytes: int | None = None,
+    quantize: str | None = None,
 ) -> Decoder:
     """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
     model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama; or of a llama.cpp GGUF file (a
@@ -36,14 +38,27 @@ def from_pretrained(
     (models.formats.hub).
 
     A malformed file is a FileFormatError naming it and the field; a model too large for the
-    memory available (or max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before allocating."""
+    memory available (or max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before allocating.
+
+    quantize (docs/quantization.md): "q8_0", "q4_0" or "q4_1" keep every Linear weight (and a
+    tied embedding, which is also the output head) quantized in llama.cpp's block format,
+    quantized as it is read; "gguf" keeps a GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks as they
+    are (other types dequantized to dtype). Tensor by tensor: the float model is never held."""
+    if quantize not in (None, *QUANTIZE):
+        raise ValueError(
+            f"from_pretrained: quantize must be one of {', '.join(QUANTIZE)} or None, "
+            f"got {quantize!r}"
+        )
     path = resolve(path, revision)
     if path.suffix.lower() == ".gguf":
         from models.formats import gguf  # the optional gguf package is imported only for GGUF files
 
-        return gguf.load(path, dtype, max_bytes)
+        return gguf.load(path, dtype, max_bytes, quantize)
+    if quantize == "gguf":
+        raise ValueError(f"from_pretrained: quantize='gguf' needs a .gguf file, got {path}")
     directory, config = read_config(path)
-    return _family(config, directory / "config.json").from_pretrained(path, dtype, max_bytes)
+    family = _family(config, directory / "config.json")
+    return family.from_pretrained(path, dtype, max_bytes, quantize)
 
 
 def pretrained_config(path: str | Path, revision: str | None = None) -> DecoderConfig:

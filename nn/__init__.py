@@ -73,6 +73,7 @@ from nn.lora import (
 )
 from nn.module import Module, ModuleList, Parameter, Sequential
 from nn.optim import clip_grad_norm_
+from nn.quantized import QuantizedEmbedding, QuantizedLinear, quantize_linears
 from nn.transformer import (
     SinusoidalPositions,
     position_embedding,
@@ -101,6 +102,8 @@ __all__ = [
     "Module",
     "ModuleList",
     "Parameter",
+    "QuantizedEmbedding",
+    "QuantizedLinear",
     "RMSNorm",
     "RotaryPositions",
     "ReLU",
@@ -127,6 +130,7 @@ __all__ = [
     "merge_lora",
     "optim",
     "position_embedding",
+    "quantize_linears",
     "rotary_tables",
     "save_adapter",
     "save_checkpoint",

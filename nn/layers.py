@@ -81,6 +81,10 @@ class Embedding(Module):
     def forward(self, idx: Any) -> Tensor:
         return F.embedding(self.weight, idx)
 
+    def attend(self, x: Tensor) -> Tensor:
+        """x @ weight^T: scores of x against every row (a tied output head, notes 9.4)."""
+        return F.linear(x, self.weight.T)
+
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"
 

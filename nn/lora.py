@@ -29,12 +29,15 @@ from typing import Any
 import numpy as np
 
 import autograd.functional as F
-from autograd import Tensor, no_grad
+from autograd import Tensor, get_default_dtype, no_grad
+from autograd.quantized import quantized_linear
 from nn.attention import Attention
 from nn.checkpoint import load_safetensors, save_json_atomic, save_safetensors
 from nn.layers import Linear
-from nn.module import Module, Parameter
+from nn.module import Module, Parameter, set_child
+from nn.quantized import QuantizedLinear
 
+BASES = (Linear, QuantizedLinear)  # the layers an adapter wraps
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 _FORMAT = "glassgrad-lora"
@@ -46,15 +49,23 @@ class LoRA(Module):
     The base's weight and bias stay registered as `weight` and `bias` (the same Parameters,
     frozen), so the model's other names and its checkpoint keys do not change; the adapter adds
     `lora_A` (in, r), drawn uniform(-1/sqrt(in), 1/sqrt(in)) as PEFT's Kaiming init does, and
-    `lora_B` (r, out), zero.
+    `lora_B` (r, out), zero. The base may be a QuantizedLinear (QLoRA: W stays in its blocks, the
+    adapter in the default float dtype); then merging is unload_lora's, into a float Linear.
     """
 
     def __init__(
-        self, base: Linear, rank: int, alpha: float, rng: np.random.Generator | None = None
+        self,
+        base: Linear | QuantizedLinear,
+        rank: int,
+        alpha: float,
+        rng: np.random.Generator | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(base, Linear):
-            raise TypeError(f"LoRA: expected an nn.Linear to wrap, got {type(base).__name__}")
+        if not isinstance(base, (Linear, QuantizedLinear)):
+            raise TypeError(
+                f"LoRA: expected an nn.Linear or nn.QuantizedLinear to wrap, got "
+                f"{type(base).__name__}"
+            )
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
             raise ValueError(f"LoRA: rank must be a positive integer, got {rank!r}")
         self.in_features, self.out_features = base.in_features, base.out_features
@@ -64,16 +75,20 @@ class LoRA(Module):
         self.weight = base.weight
         self.bias = base.bias
         for p in (self.weight, self.bias):
-            if p is not None:
+            if isinstance(p, Parameter):
                 p.requires_grad = False
+        self.quantized = isinstance(base, QuantizedLinear)
         rng = np.random.default_rng(0) if rng is None else rng
         bound = 1.0 / math.sqrt(self.in_features)
-        dtype = self.weight.dtype
+        dtype = np.dtype(get_default_dtype()) if self.quantized else self.weight.dtype
         self.lora_A = Parameter(rng.uniform(-bound, bound, (self.in_features, rank)), dtype=dtype)
         self.lora_B = Parameter(np.zeros((rank, self.out_features)), dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        if self.quantized:
+            y = quantized_linear(x, self.weight, self.bias)
+        else:
+            y = F.linear(x, self.weight, self.bias)
         if self.merged:  # W already holds W + (alpha / r) A B
             return y
         # the scale on B (r, out): computed from parameters only, so a batch-sharded compiled
@@ -83,12 +98,18 @@ class LoRA(Module):
 
     def delta(self) -> np.ndarray:
         """The update the adapter adds to the weight: (alpha / r) A B, shaped (in, out)."""
-        return (self.lora_A.data @ self.lora_B.data) * self.weight.dtype.type(self.scale)
+        return (self.lora_A.data @ self.lora_B.data) * self.lora_A.dtype.type(self.scale)
 
     def merge(self) -> None:
         """W <- W + (alpha / r) A B; forward is then the base Linear's (one product)."""
         if self.merged:
             raise RuntimeError("LoRA.merge: this adapter is already merged into its weight")
+        if self.quantized:
+            raise RuntimeError(
+                f"LoRA.merge: the base weight is quantized ({self.weight.format}); merging would "
+                "quantize the update away: unload_lora puts a float Linear holding W + (alpha / r) "
+                "A B in its place"
+            )
         with no_grad():
             self.weight.data = self.weight.data + self.delta()
         self.merged = True
@@ -115,18 +136,6 @@ def _matches(name: str, pattern: str) -> bool:
     )
 
 
-def _set_child(model: Module, name: str, module: Module) -> None:
-    """Put `module` where `name` is, and in every other attribute of the parent that held the
-    old one (a second name a forward may read it by)."""
-    parent_name, _, child = name.rpartition(".")
-    parent = dict(model.named_modules())[parent_name] if parent_name else model
-    old = parent._modules[child]
-    setattr(parent, child, module)
-    for attr, value in list(vars(parent).items()):
-        if value is old:
-            object.__setattr__(parent, attr, module)
-
-
 def apply_lora(
     model: Module,
     targets: str | list[str] | tuple[str, ...],
@@ -141,7 +150,7 @@ def apply_lora(
     patterns = [p for p in patterns if p]
     if not patterns:
         raise ValueError("apply_lora: no targets given")
-    linears = [(name, m) for name, m in model.named_modules() if type(m) is Linear]
+    linears = [(name, m) for name, m in model.named_modules() if type(m) in BASES]
     unmatched = [p for p in patterns if not any(_matches(name, p) for name, _ in linears)]
     if unmatched:
         raise KeyError(
@@ -153,7 +162,7 @@ def apply_lora(
     wrapped = []
     for name, linear in linears:
         if any(_matches(name, p) for p in patterns):
-            _set_child(model, name, LoRA(linear, rank, alpha, rng=rng))
+            set_child(model, name, LoRA(linear, rank, alpha, rng=rng))
             wrapped.append(name)
     return wrapped
 
@@ -164,7 +173,7 @@ def attention_projections(model: Module) -> list[str]:
     other Linear has it, else with its layer's name: "c_attn,*.attn.c_proj" for nn.Block's, whose
     MLP has a c_proj too."""
     modules = dict(model.named_modules())
-    linears = [name for name, m in modules.items() if type(m) is Linear]
+    linears = [name for name, m in modules.items() if type(m) in BASES]
 
     def in_self_attention(name: str) -> bool:
         layer = modules.get(name.rpartition(".")[0])
@@ -203,11 +212,17 @@ def unload_lora(model: Module) -> list[str]:
     checkpoint that any loader of the base model reads). Returns the names replaced."""
     names = []
     for name, m in lora_modules(model):
-        if not m.merged:
-            m.merge()
         linear = Linear(m.in_features, m.out_features, bias=m.bias is not None)
-        linear.weight, linear.bias = m.weight, m.bias
-        _set_child(model, name, linear)
+        if m.quantized:  # W dequantized, in the adapter's dtype, plus the update
+            w = m.weight.dequantize().astype(m.lora_A.dtype) + m.delta()
+            linear.weight = Parameter(w, dtype=m.lora_A.dtype)
+            linear.weight.requires_grad = False  # frozen, as the base was
+        else:
+            if not m.merged:
+                m.merge()
+            linear.weight = m.weight
+        linear.bias = m.bias
+        set_child(model, name, linear)
         names.append(name)
     return names
 

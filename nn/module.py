@@ -351,3 +351,15 @@ class Sequential(ModuleList):
         for module in self._modules.values():
             x = module(x)
         return x
+
+
+def set_child(model: Module, name: str, module: Module) -> None:
+    """Put `module` where `name` is, and in every other attribute of the parent that held the
+    old one (a second name a forward may read it by)."""
+    parent_name, _, child = name.rpartition(".")
+    parent = dict(model.named_modules())[parent_name] if parent_name else model
+    old = parent._modules[child]
+    setattr(parent, child, module)
+    for attr, value in list(vars(parent).items()):
+        if value is old:
+            object.__setattr__(parent, attr, module)

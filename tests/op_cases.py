@@ -24,6 +24,7 @@ import autograd
 import autograd.functional as F
 import nn
 from autograd import ops, unbroadcast
+from autograd.quantized import FORMATS, quantize, quantized_linear
 from autograd.testing import Example
 from autograd.testing.references import (
     np_attention,
@@ -488,6 +489,25 @@ def linear_case(draw):
 
 
 @st.composite
+def quantized_linear_case(draw):
+    """x @ W (+ b) with W frozen in a block format: x and b are the inputs, W a parameter; 1-d x
+    (one row: the matrix-vector kernel) too. Tile edges: test_quantized.py's kernel tests."""
+    lead = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3))
+    n_in, n_out = draw(st.sampled_from([32, 64])), draw(st.sampled_from([1, 2, 5, 33]))
+    rng = seeded(draw)
+    weight = quantize(rng.standard_normal((n_in, n_out)), draw(st.sampled_from(FORMATS)))
+    w = weight.dequantize().astype(np.float64)
+    x = rng.standard_normal((*lead, n_in)) * draw(st.sampled_from([1.0, 1e3]))
+    if draw(st.booleans()):
+        return Example(
+            lambda x, b: quantized_linear(x, weight, b),
+            lambda x, b: x @ w + b,
+            [x, rng.standard_normal(n_out)],
+        )
+    return Example(lambda x: quantized_linear(x, weight), lambda x: x @ w, [x])
+
+
+@st.composite
 def rotary_case(draw):
     shape = draw(
         st.tuples(
@@ -508,4 +528,5 @@ def rotary_case(draw):
 
 
 register("linear", linear_case())
+register("quantized_linear", quantized_linear_case(), both_backends=True)
 register("rotary", rotary_case())

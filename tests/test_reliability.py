@@ -30,6 +30,7 @@ import autograd.functional as F
 import models
 import nn
 from autograd import Tensor
+from autograd.quantized import quantize, quantized_linear
 from models.architectures.gpt import GPT, GPTConfig
 from models.formats.hf import INDEX
 from models.formats.tokenizer import BPETokenizer
@@ -205,6 +206,25 @@ BAD_INPUTS = [
         _foreign_checkpoint,
         nn.CheckpointError,
         r"not a safetensors file|header",
+    ),
+    (
+        "quantizing a weight whose input dimension is not whole blocks of 32",
+        lambda tmp: quantize(np.ones((48, 3)), "q8_0"),
+        ValueError,
+        r"quantize\(q8_0\): the input dimension must be a positive multiple of 32 \(a block\), "
+        r"got weight shape \(48, 3\)",
+    ),
+    (
+        "a quantized linear given x of the wrong width",
+        lambda tmp: quantized_linear(Tensor(np.ones((2, 33))), quantize(np.ones((32, 4)), "q4_1")),
+        ValueError,
+        r"quantized_linear: x's last dimension 33 must equal the weight's in_features 32",
+    ),
+    (
+        "from_pretrained with an unknown quantize=",
+        lambda tmp: models.from_pretrained(tmp, quantize="int4"),
+        ValueError,
+        r"from_pretrained: quantize must be one of q8_0, q4_0, q4_1, gguf or None, got 'int4'",
     ),
 ]
 

@@ -84,6 +84,8 @@ KERNELS: dict[str, Kernel] = {
     "embedding_backward": Kernel("embedding", "embedding", examples.embedding_backward),
     "attention_forward": Kernel("attention", "attention", examples.attention_forward),
     "attention_backward": Kernel("attention", "attention", examples.attention_backward),
+    "quantized_matmul": Kernel("quantized", "quantized_linear", examples.quantized_matmul),
+    "quantized_matmul_t": Kernel("quantized", "quantized_linear", examples.quantized_matmul_t),
 }
 
 
@@ -229,6 +231,16 @@ def attention_forward(q, k, v, causal=True):
 def attention_backward(q, k, v, o, lse, go, causal=True):
     """(gq, gk, gv) of scaled dot-product attention (attention.attention_backward_numpy)."""
     return get_kernel("attention_backward")(q, k, v, o, lse, go, causal)
+
+
+def quantized_matmul(x, weight):
+    """x (N, in) @ W for a QuantizedWeight W (quantized.quantized_matmul_numpy)."""
+    return get_kernel("quantized_matmul")(x, weight)
+
+
+def quantized_matmul_t(g, weight):
+    """g (N, out) @ W^T for a QuantizedWeight W (quantized.quantized_matmul_t_numpy)."""
+    return get_kernel("quantized_matmul_t")(g, weight)
 
 
 __all__ = [

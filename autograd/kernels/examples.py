@@ -118,3 +118,22 @@ def attention_backward(rng, dtype, rows, width):
     q, k, v, go = _qkv(rng, dtype, rows, width)
     o, lse = attention.attention_forward_numpy(q, k, v, True)
     return q, k, v, o, lse, go, True
+
+
+def _quantized_weight(rng, rows, width):
+    """A QuantizedWeight of in = width rounded up to whole blocks and out = rows + 300, in a
+    format drawn from the three."""
+    from autograd.quantized import BLOCK, FORMATS, quantize
+
+    n_in = -(-width // BLOCK) * BLOCK
+    return quantize(rng.standard_normal((n_in, rows + 300)), FORMATS[rng.integers(3)])
+
+
+def quantized_matmul(rng, dtype, rows, width):
+    weight = _quantized_weight(rng, rows, width)
+    return rng.standard_normal((rows, weight.shape[0])).astype(dtype), weight
+
+
+def quantized_matmul_t(rng, dtype, rows, width):
+    weight = _quantized_weight(rng, rows, width)
+    return rng.standard_normal((rows, weight.shape[1])).astype(dtype), weight

@@ -42,6 +42,7 @@ from autograd import Tensor, get_default_dtype, no_grad
 from models.architectures.decoding import DecodeStep
 from models.formats import hf
 from models.formats.errors import FileFormatError
+from models.formats.quantized import QuantizedLoading
 
 IGNORE_INDEX = -100  # a target that does not count in the loss (padding, prompt tokens, ...)
 
@@ -261,7 +262,7 @@ class Decoder(nn.Module):
             x = x[:, -1:, :]  # the norm and the head act per position: skip the others
         x = t.ln_f(x)
         if self.config.tie_word_embeddings:  # logits = h @ wte^T (notes 9.4), one 2-D product
-            logits = nn.linear(x, t.wte.weight.T)
+            logits = t.wte.attend(x)  # (a QuantizedEmbedding's: the quantized linear)
         else:
             logits = self.lm_head(x)
         if targets is None:
@@ -283,7 +284,7 @@ class Decoder(nn.Module):
         positions (default block_size; a long-context model wants less preallocated)."""
         c = self.config
         max_len = c.block_size if max_len is None else min(max_len, c.block_size)
-        dtype = self.transformer.wte.weight.dtype
+        dtype = self.transformer.ln_f.weight.dtype  # (wte's may be quantized blocks)
         return [
             nn.LayerKVCache(batch, c.n_kv_head, max_len, c.head_dim, dtype)
             for _ in range(c.n_layer)
@@ -459,12 +460,15 @@ class Decoder(nn.Module):
         """The parameters the family's files store transposed (torch's (out, in) Linear weights)."""
         return {name for name, transposed in self.hf_names().values() if transposed}
 
-    def load_hf_files(self, headers: list[nn.SafetensorsHeader], dtype: Any, whole: Path) -> None:
+    def load_hf_files(
+        self, headers: list[nn.SafetensorsHeader], dtype: Any, whole: Path, take: Any = None
+    ) -> None:
         """Load the weights of the family's safetensors files (their headers, hf.read_header):
         every header is checked against the model first (each tensor a parameter, once,
         floating-point, in the config's shape; no parameter missing from `whole`, the file or
         index that lists them) and only then are the tensors read, one at a time, converted to
-        dtype and transposed where HF_NAMES says."""
+        dtype and transposed where HF_NAMES says. take: what the tensors pass through first
+        (models.formats.quantized.QuantizedLoading.take keeps Linear weights quantized)."""
         params = dict(self.named_parameters())
         hf_names = self.hf_names()
         where: dict[str, Path] = {}  # parameter -> the file holding it
@@ -506,14 +510,12 @@ class Decoder(nn.Module):
             raise FileFormatError(
                 whole, None, f"the checkpoint lacks {', '.join(missing)} ({self.describe()})"
             )
-        self.load_hf_tensors(
-            (
-                (str(h.path), name, array)
-                for h, names in plan
-                for name, array in hf.read_tensors(h, names)
-            ),
-            dtype,
+        tensors = (
+            (str(h.path), name, array)
+            for h, names in plan
+            for name, array in hf.read_tensors(h, names)
         )
+        self.load_hf_tensors(tensors if take is None else take(tensors), dtype)
 
     def load_hf_tensors(self, tensors: Iterator[tuple[str, str, np.ndarray]], dtype: Any) -> None:
         """Copy (file, name, array) one at a time into the parameters HF_NAMES maps them to,
@@ -557,14 +559,20 @@ class Decoder(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, dtype: Any = None, max_bytes: int | None = None
+        cls,
+        path: str | Path,
+        dtype: Any = None,
+        max_bytes: int | None = None,
+        quantize: str | None = None,
     ) -> Decoder:
         """Load a Hugging Face directory of this family (config.json + model.safetensors or its
         shards); weights converted to dtype (default: the default float dtype, float32).
 
         A model whose parameters need more bytes than are available (MemAvailable, or
         max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before anything is allocated. Every
-        file is checked as it is read; a malformed one is a models.FileFormatError naming it."""
+        file is checked as it is read; a malformed one is a models.FileFormatError naming it.
+        quantize: "q8_0" / "q4_0" / "q4_1" keeps every Linear weight (and a tied embedding) in
+        that block format, quantized as it is read (models.formats.quantized)."""
         path = Path(path)
         directory, config = hf.read_config(path)
         dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
@@ -585,7 +593,10 @@ class Decoder(nn.Module):
                 f"{settings.n_layer}",
             )
         model = cls(settings, _NoInit())
-        model.load_hf_files(headers, dtype, whole)  # every tensor, in dtype
+        quantized = None if quantize is None else QuantizedLoading(model, quantize, dtype)
+        model.load_hf_files(headers, dtype, whole, None if quantized is None else quantized.take)
+        if quantized is not None:
+            quantized.check(whole)
         return model
 
 

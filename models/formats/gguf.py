@@ -12,6 +12,7 @@ it is imported only when a GGUF file is read.
 
 from __future__ import annotations
 
+import mmap
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from autograd.quantized import FORMATS, QuantizedWeight, from_blocks
 from models.formats.errors import FileFormatError
+from models.formats.quantized import QuantizedLoading
 
 
 def _gguf() -> Any:
@@ -173,7 +176,10 @@ def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
     interleaves each head's two halves of rows, row r and row r + D/2 becoming rows 2r and
     2r + 1, so that llama.cpp rotates the same pairs; reading rows back in HF's order is the
     inverse. `weight` is (rows, ...) in numpy's shape, rows = n_head * D; n_head is the number
-    of query heads for attn_q, of key/value heads for attn_k."""
+    of query heads for attn_q, of key/value heads for attn_k. A QuantizedWeight's rows (whole
+    rows of blocks) move the same way."""
+    if isinstance(weight, QuantizedWeight):
+        return weight.take_rows(unpermute_qk(np.arange(weight.out_features), n_head))
     half = weight.shape[0] // n_head // 2
     heads = weight.reshape(n_head, half, 2, *weight.shape[1:])  # file: (head, r, pair member)
     return heads.swapaxes(1, 2).reshape(weight.shape)  # HF: (head, which half, r)
@@ -358,14 +364,21 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return hf_config(read_metadata(reader), {t.name for t in reader.tensors}, path)
 
 
-def load(path: str | Path, dtype: Any = None, max_bytes: int | None = None) -> Any:
+def load(
+    path: str | Path, dtype: Any = None, max_bytes: int | None = None, quantize: str | None = None
+) -> Any:
     """The model of a GGUF file, weights in dtype (default: the default float dtype, float32).
 
     The metadata becomes a Hugging Face config (hf_config) and the tensors HF-named arrays in
     HF's layout, which the family's own loader (Decoder.load_hf_tensors) takes as it takes a
     directory's: one path builds every model. Every tensor's presence, dims and type is checked
     before any is read; then each is dequantized straight into dtype, one at a time (the peak is
-    the model in dtype plus about one tensor)."""
+    the model in dtype plus about one tensor).
+
+    quantize: None (every weight in dtype), "q8_0" / "q4_0" / "q4_1" (every Linear weight and a
+    tied embedding quantized as it is read) or "gguf" (those weights keep the file's own Q8_0,
+    Q4_0, Q4_1 blocks, never dequantized; of another type they are dequantized to dtype). The
+    float weights the quantized ones replace are never allocated (QuantizedLoading)."""
     from autograd import get_default_dtype
     from models.architectures.decoder import _NoInit  # every weight is about to be loaded
     from models.architectures.llama import Llama
@@ -387,16 +400,43 @@ def load(path: str | Path, dtype: Any = None, max_bytes: int | None = None) -> A
     n_head, n_kv_head = config["num_attention_heads"], config["num_key_value_heads"]
     permuted = {"attn_q": n_head, "attn_k": n_kv_head} if config["model_type"] == "llama" else {}
 
-    def hf_tensors() -> Iterator[tuple[str, str, np.ndarray]]:
+    quantized = None if quantize is None else QuantizedLoading(model, quantize, dtype)
+
+    def hf_tensors() -> Iterator[tuple[str, str, Any]]:
         for name, tensor in tensors.items():  # file order: the memory map is read front to back
-            array = dequantize(tensor, dtype, path)
+            hf_name = expected[name][0]
+            fmt = tensor.tensor_type.name.lower()
+            if quantize == "gguf" and fmt in FORMATS and hf_name in quantized.targets:
+                n_in = int(tensor.shape[0])  # ne0: the values of a row
+                array = from_blocks(
+                    np.asarray(tensor.data).reshape(-1, tensor.data.shape[-1]), fmt, n_in
+                )
+            else:
+                array = dequantize(tensor, dtype, path)
             kind = name.split(".")[-2]  # blk.3.attn_q.weight -> attn_q
             if kind in permuted:  # llama's converter permuted these rows (weights and biases)
                 array = unpermute_qk(array, permuted[kind])
-            yield str(path), expected[name][0], array
+            yield str(path), hf_name, array
+            _release(reader, tensor)  # copied by now: its pages of the file can go
 
-    model.load_hf_tensors(hf_tensors(), dtype)
+    if quantized is None:
+        model.load_hf_tensors(hf_tensors(), dtype)
+    else:
+        model.load_hf_tensors(quantized.take(hf_tensors()), dtype)
+        quantized.check(path)
     return model
+
+
+def _release(reader: Any, tensor: Any) -> None:
+    """Take a tensor's pages of the memory-mapped file out of this process's resident memory
+    (madvise MADV_DONTNEED; the OS keeps them in its page cache): read front to back, the file's
+    pages would otherwise stay resident beside the copies made of them (the Q4_1 SmolLM2's 98 MB)
+    until the reader is closed."""
+    file_map = getattr(reader.data, "_mmap", None)
+    if file_map is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = tensor.data_offset // mmap.PAGESIZE * mmap.PAGESIZE
+    file_map.madvise(mmap.MADV_DONTNEED, start, tensor.data_offset + tensor.n_bytes - start)
 
 
 def _expected_tensors(model: Any, path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:

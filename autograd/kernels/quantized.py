@@ -1,0 +1,218 @@
+"""The quantized linear's products (autograd/quantized.py): x @ W and g @ W^T, W frozen in blocks.
+
+W (in, out) is stored as the blocks of W^T's rows (llama.cpp's q8_0, q4_0, q4_1: 32 values of
+one row, an f16 scale d, q4_1 an f16 minimum m). Each block's values are
+
+    q8_0: d * q        q4_0: d * (q - 8)        q4_1: d * q + m       (in float32, as gguf reads)
+
+- quantized_matmul(x, weight):  x (N, in) @ W -> (N, out)
+- quantized_matmul_t(g, weight): g (N, out) @ W^T -> (N, in)   (the VJP for x)
+
+The numpy references dequantize W with gguf's arithmetic (QuantizedWeight.dequantize_rows) and
+multiply. The Numba paths never hold the whole float W:
+- one row of x (decoding a token): a matrix-vector kernel, one output per prange iteration, the
+  block's values made inside the dot product (the weight's bytes are read once: decoding is
+  bound by memory bandwidth);
+- more rows (prefill, training): a tile of W^T's rows at a time is dequantized (in parallel) into
+  a float buffer of x's dtype and multiplied by BLAS.
+f16 scales become float32 through a 65536-entry table (Numba has no float16 on the CPU).
+"""
+
+import numpy as np
+from numba import prange
+
+from ._common import FASTMATH, Kernel
+
+# "contract" lets LLVM fuse a * b + c into one FMA. A value stays gguf's: d * q is exact in
+# float32 (an 11-bit d times a 4- or 8-bit q), so fma(d, q, m) rounds once where gguf's
+# d * q + m rounds once too. Only the sums' rounding changes, as "reassoc" already allows.
+# (+18 % on the q4_1 matrix-vector product, one thread)
+EXACT_VALUES = FASTMATH | {"contract"}
+
+
+def _kernel(fn):
+    return Kernel(fn, fastmath=EXACT_VALUES)
+
+
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+
+# rows of W^T per dequantized tile: (TILE_ROWS, in) floats, 2.4-6.3 MB in float32 for
+# in = 576..1536: in cache between being written and BLAS reading it, and wide enough for BLAS
+# (x (1024, 576) @ W (576, 1536) in q8_0: 8.7 ms with 256 rows, 7.5 with 1024, float32 5.8)
+TILE_ROWS = 1024
+
+
+def _check(x, weight, kernel, transposed):
+    n = weight.shape[1] if transposed else weight.shape[0]
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[1] != n or x.dtype not in (np.float32, np.float64):
+        raise ValueError(
+            f"{kernel}: x must be a float32/float64 (N, {n}) array for {weight!r}, "
+            f"got {x.dtype} {x.shape}"
+        )
+    return np.ascontiguousarray(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy references: gguf's dequantization, then the product
+# ---------------------------------------------------------------------------------------------
+
+
+def quantized_matmul_numpy(x, weight):
+    """x (N, in) @ W, W = weight.dequantize() (float32 values, in x's dtype) -> (N, out)."""
+    x = _check(x, weight, "quantized_matmul", False)
+    return x @ weight.dequantize().astype(x.dtype)
+
+
+def quantized_matmul_t_numpy(g, weight):
+    """g (N, out) @ W^T -> (N, in)."""
+    g = _check(g, weight, "quantized_matmul_t", True)
+    return g @ weight.dequantize_rows().astype(g.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Numba: the matrix-vector kernels (one row of x), one per format
+# ---------------------------------------------------------------------------------------------
+
+
+# Each output keeps 32 running sums, one per position in a block (lanes), added up at the end:
+# the inner loop then has no reduction and no horizontal add per block, and LLVM turns it into
+# vector instructions (4x faster than a sum per block on AVX-512). Every value is made as gguf's
+# reader makes it, in float32, before it is multiplied, so a float64 x sees exactly W.
+
+
+@_kernel
+def _matvec_q8_0(x, scales, quants, table, out):
+    for r in prange(quants.shape[0]):
+        lanes = np.zeros(32, x.dtype)
+        for b in range(scales.shape[1]):
+            d = table[scales[r, b]]
+            for j in range(32):
+                lanes[j] += x[32 * b + j] * (d * np.float32(quants[r, 32 * b + j]))
+        out[r] = lanes.sum()
+
+
+@_kernel
+def _matvec_q4_0(x, scales, quants, table, out):
+    # byte j of a block: its low nibble is value j, its high nibble value j + 16
+    for r in prange(quants.shape[0]):
+        lanes = np.zeros(32, x.dtype)
+        for b in range(scales.shape[1]):
+            d = table[scales[r, b]]
+            for j in range(16):
+                byte = quants[r, 16 * b + j]
+                lanes[j] += x[32 * b + j] * (d * np.float32(np.int32(byte & 15) - 8))
+                lanes[16 + j] += x[32 * b + 16 + j] * (d * np.float32(np.int32(byte >> 4) - 8))
+        out[r] = lanes.sum()
+
+
+@_kernel
+def _matvec_q4_1(x, scales, mins, quants, table, out):
+    for r in prange(quants.shape[0]):
+        lanes = np.zeros(32, x.dtype)
+        for b in range(scales.shape[1]):
+            d, m = table[scales[r, b]], table[mins[r, b]]
+            for j in range(16):
+                byte = quants[r, 16 * b + j]
+                lanes[j] += x[32 * b + j] * (d * np.float32(byte & 15) + m)
+                lanes[16 + j] += x[32 * b + 16 + j] * (d * np.float32(byte >> 4) + m)
+        out[r] = lanes.sum()
+
+
+def _flat(weight):
+    """The kernels' view of the blocks: f16 bits (out, blocks) and quants (out, bytes)."""
+    quants = weight.quants.reshape(weight.quants.shape[0], -1)
+    mins = None if weight.mins is None else weight.mins.view(np.uint16)
+    return weight.scales.view(np.uint16), mins, quants
+
+
+def _matvec(x, weight, out):
+    bits, mins, quants = _flat(weight)
+    work = weight.shape[0] * weight.shape[1]
+    if weight.format == "q8_0":
+        _matvec_q8_0(work, x, bits, quants, F16_TO_F32, out)
+    elif weight.format == "q4_0":
+        _matvec_q4_0(work, x, bits, quants, F16_TO_F32, out)
+    else:
+        _matvec_q4_1(work, x, bits, mins, quants, F16_TO_F32, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Numba: dequantize a tile of W^T's rows into a float buffer (gguf's arithmetic, float32)
+# ---------------------------------------------------------------------------------------------
+
+
+@Kernel
+def _dequantize_q8_0(scales, quants, table, start, tile):
+    for i in prange(tile.shape[0]):
+        for b in range(scales.shape[1]):
+            d = table[scales[start + i, b]]
+            for j in range(32):
+                tile[i, 32 * b + j] = np.float32(quants[start + i, 32 * b + j]) * d
+
+
+@Kernel
+def _dequantize_q4_0(scales, quants, table, start, tile):
+    for i in prange(tile.shape[0]):
+        for b in range(scales.shape[1]):
+            d = table[scales[start + i, b]]
+            for j in range(16):
+                byte = quants[start + i, 16 * b + j]
+                tile[i, 32 * b + j] = d * np.float32(np.int32(byte & 15) - 8)
+                tile[i, 32 * b + 16 + j] = d * np.float32(np.int32(byte >> 4) - 8)
+
+
+@Kernel
+def _dequantize_q4_1(scales, mins, quants, table, start, tile):
+    for i in prange(tile.shape[0]):
+        for b in range(scales.shape[1]):
+            d, m = table[scales[start + i, b]], table[mins[start + i, b]]
+            for j in range(16):
+                byte = quants[start + i, 16 * b + j]
+                tile[i, 32 * b + j] = d * np.float32(byte & 15) + m
+                tile[i, 32 * b + 16 + j] = d * np.float32(byte >> 4) + m
+
+
+def _dequantize_tile(weight, start, tile):
+    """tile[i] = row start + i of W^T, in the tile's dtype (a float32 value, then converted)."""
+    bits, mins, quants = _flat(weight)
+    if weight.format == "q8_0":
+        _dequantize_q8_0(tile.size, bits, quants, F16_TO_F32, start, tile)
+    elif weight.format == "q4_0":
+        _dequantize_q4_0(tile.size, bits, quants, F16_TO_F32, start, tile)
+    else:
+        _dequantize_q4_1(tile.size, bits, mins, quants, F16_TO_F32, start, tile)
+
+
+def _tiles(weight, dtype):
+    """(start, stop, tile) over W^T's rows, each tile dequantized into one reused buffer."""
+    n_out, n_in = weight.shape[1], weight.shape[0]
+    buffer = np.empty((min(TILE_ROWS, n_out), n_in), dtype)
+    for start in range(0, n_out, TILE_ROWS):
+        stop = min(start + TILE_ROWS, n_out)
+        tile = buffer[: stop - start]
+        _dequantize_tile(weight, start, tile)
+        yield start, stop, tile
+
+
+def quantized_matmul_numba(x, weight):
+    """Numba x @ W; same contract as quantized_matmul_numpy."""
+    x = _check(x, weight, "quantized_matmul", False)
+    out = np.empty((x.shape[0], weight.shape[1]), x.dtype)
+    if x.shape[0] == 1:
+        _matvec(x[0], weight, out[0])
+        return out
+    for start, stop, tile in _tiles(weight, x.dtype):
+        # not matmul(out=out[:, start:stop]): numpy leaves BLAS for its own loop when the output
+        # is a strided slice (8 rows x 576 x 256 took 14 ms instead of 0.1 ms)
+        out[:, start:stop] = x @ tile.T
+    return out
+
+
+def quantized_matmul_t_numba(g, weight):
+    """Numba g @ W^T; same contract as quantized_matmul_t_numpy."""
+    g = _check(g, weight, "quantized_matmul_t", True)
+    out = np.zeros((g.shape[0], weight.shape[0]), g.dtype)
+    for start, stop, tile in _tiles(weight, g.dtype):
+        out += g[:, start:stop] @ tile
+    return out

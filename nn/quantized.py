@@ -1,0 +1,108 @@
+"""Layers whose weight stays quantized in memory (autograd/quantized.py: llama.cpp's q8_0, q4_0,
+q4_1 blocks): QuantizedLinear, QuantizedEmbedding, and quantize_linears, which puts them in a
+model in place of its Linear layers (and of a tied embedding/head pair).
+
+The weight is frozen: it is not a Parameter, so parameters(), optimizers and gradients never see
+it; a bias stays a float Parameter. Row vectors as everywhere (notes 3.2): y = x @ W + b with W
+(in, out), the blocks holding W^T's rows as a GGUF file does.
+
+>>> import numpy as np, nn
+>>> layer = nn.QuantizedLinear.from_linear(nn.Linear(64, 8), "q8_0")
+>>> [name for name, _ in layer.named_parameters()], layer
+(['bias'], QuantizedLinear(in_features=64, out_features=8, format=q8_0, bias=True))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from autograd import Tensor, get_default_dtype
+from autograd.quantized import (
+    FORMATS,
+    QuantizedWeight,
+    quantize,
+    quantized_linear,
+    quantized_rows,
+)
+from nn.layers import Embedding, Linear
+from nn.module import Module, Parameter, set_child
+
+
+class QuantizedLinear(Module):
+    """y = x @ W + bias, W a frozen QuantizedWeight (in, out), bias an optional float Parameter."""
+
+    def __init__(self, weight: QuantizedWeight, bias: Any = None) -> None:
+        super().__init__()
+        if not isinstance(weight, QuantizedWeight):
+            raise TypeError(
+                f"QuantizedLinear: weight must be a QuantizedWeight, got {type(weight).__name__}"
+            )
+        self.weight = weight
+        self.in_features, self.out_features = weight.shape
+        self.bias = None if bias is None else Parameter(np.asarray(getattr(bias, "data", bias)))
+
+    @classmethod
+    def from_linear(cls, linear: Linear, fmt: str) -> QuantizedLinear:
+        """A Linear's weight quantized to fmt (its bias kept, the same Parameter)."""
+        layer = cls(quantize(linear.weight.data, fmt))
+        layer.bias = linear.bias
+        return layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        return quantized_linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"format={self.weight.format}, bias={self.bias is not None}"
+        )
+
+
+class QuantizedEmbedding(Module):
+    """A lookup table kept quantized: row i of the (V, C) table is out-row i of a QuantizedWeight
+    of shape (C, V), so the same blocks are the tied output head (attend). A lookup dequantizes
+    only the rows it reads, into `dtype` (default: the default float dtype); frozen."""
+
+    def __init__(self, weight: QuantizedWeight, dtype: Any = None) -> None:
+        super().__init__()
+        if not isinstance(weight, QuantizedWeight):
+            raise TypeError(
+                f"QuantizedEmbedding: weight must be a QuantizedWeight, got {type(weight).__name__}"
+            )
+        self.weight = weight
+        self.embedding_dim, self.num_embeddings = weight.shape
+        self.dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
+
+    def forward(self, idx: Any) -> Tensor:
+        return quantized_rows(self.weight, idx, self.dtype)
+
+    def attend(self, x: Tensor) -> Tensor:
+        """x @ table^T (the tied output head, notes 9.4), by the quantized linear."""
+        return quantized_linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, format={self.weight.format}"
+
+
+def quantize_linears(model: Module, fmt: str, tied_embedding: Embedding | None = None) -> Module:
+    """Replace, in place, every Linear of `model` by a QuantizedLinear of its weight in fmt
+    ("q8_0", "q4_0", "q4_1"); `tied_embedding`, the Embedding a tied output head reads (a
+    decoder's wte), by a QuantizedEmbedding of its rows. Linears whose in_features is not a
+    multiple of 32 are an error (naming the layer). Returns the model."""
+    if fmt not in FORMATS:
+        raise ValueError(
+            f"quantize_linears: format must be one of {', '.join(FORMATS)}, got {fmt!r}"
+        )
+    for name, module in list(model.named_modules()):
+        if isinstance(module, Linear):
+            try:
+                quantized = QuantizedLinear.from_linear(module, fmt)
+            except ValueError as exc:
+                raise ValueError(f"quantize_linears: layer {name!r}: {exc}") from None
+            set_child(model, name, quantized)
+        elif module is tied_embedding:
+            table = quantize(module.weight.data.T, fmt)  # rows of the table = rows of W^T
+            set_child(model, name, QuantizedEmbedding(table, module.weight.dtype))
+    return model
