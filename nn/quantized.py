@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from autograd import Tensor, get_default_dtype
+from autograd import Tensor, get_default_dtype, kernels
 from autograd.quantized import (
     FORMATS,
     QuantizedWeight,
@@ -53,6 +53,13 @@ class QuantizedLinear(Module):
     def forward(self, x: Tensor) -> Tensor:
         return quantized_linear(x, self.weight, self.bias)
 
+    def forward_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        """out = x @ W (+ bias) for x (rows, in): the compiled decode step's call
+        (models.architectures.decoding), the same kernels as forward."""
+        np.copyto(out, kernels.quantized_matmul(x, self.weight))
+        if self.bias is not None:
+            np.add(out, self.bias.data, out=out)
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -81,6 +88,14 @@ class QuantizedEmbedding(Module):
     def attend(self, x: Tensor) -> Tensor:
         """x @ table^T (the tied output head, notes 9.4), by the quantized linear."""
         return quantized_linear(x, self.weight)
+
+    def lookup_into(self, idx: np.ndarray, out: np.ndarray) -> None:
+        """out = the rows idx of the table (forward's values) for the compiled decode step."""
+        np.copyto(out, self.weight.dequantize_rows(idx), casting="same_kind")
+
+    def attend_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        """out = x @ table^T (attend's values) for the compiled decode step."""
+        np.copyto(out, kernels.quantized_matmul(x, self.weight))
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, format={self.weight.format}"

@@ -252,3 +252,27 @@ def test_past_the_first_rotary_tables_the_step_reads_the_same_angles():
         for token in range(40):
             logits, _ = eager_model(np.array([[token % VOCAB]]), kv_caches=eager_caches)
             np.testing.assert_array_equal(step(np.array([token % VOCAB])), logits.data[:, -1])
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_quantized_model_s_step_equals_its_eager_forward(fmt, exact):
+    """QuantizedLinear's forward_into and the quantized table's lookup and tied head run the
+    same kernels as eager: the logits are eager's bit for bit (float64), fused or exact."""
+    autograd.set_default_dtype(np.float64)
+    model = Llama(
+        llama_config(vocab_size=VOCAB, block_size=BLOCK, n_layer=2, n_head=4, n_kv_head=2,
+                     n_embd=64, ffn_hidden=96, tie_word_embeddings=True),
+        rng=np.random.default_rng(3),
+    )  # fmt: skip
+    nn.quantize_linears(model, fmt, tied_embedding=model.transformer.wte)
+    assert isinstance(model.transformer.wte, nn.QuantizedEmbedding)
+    eager, compiled = eager_and_compiled_logits(model, prompt(), BLOCK - 3, exact=exact)
+    np.testing.assert_array_equal(compiled, eager)
+    tokens = model.generate(prompt(), 6, temperature=0, eos_id=[])
+    np.testing.assert_array_equal(
+        model.generate(
+            prompt(), 6, temperature=0, eos_id=[], compiled=True if not exact else "exact"
+        ),
+        tokens,
+    )

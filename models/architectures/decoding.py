@@ -43,6 +43,7 @@ weights change (generate() builds one per call).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -155,7 +156,7 @@ class DecodeStep:
     ) -> None:
         c = model.config
         body = model.transformer
-        dtype = body.wte.weight.dtype
+        dtype = body.ln_f.weight.dtype  # (a quantized wte's blocks are not the model's dtype)
         batch, kv_heads, capacity, head_dim = caches[0].k.shape
         if len(caches) != c.n_layer or kv_heads != c.n_kv_head or head_dim != c.head_dim:
             raise ValueError(
@@ -189,7 +190,9 @@ class DecodeStep:
             self.steps.extend(self._mlp(mlp))
             self.steps.append(lambda: np.add(self.x, self.branch, out=self.x))
         self.steps.append(_norm(body.ln_f, self.x, self.h))
-        if c.tie_word_embeddings:  # logits = h @ wte^T (notes 9.4), as eager's nn.linear
+        if c.tie_word_embeddings and isinstance(body.wte, nn.QuantizedEmbedding):
+            self.steps.append(lambda: body.wte.attend_into(self.h, self.logits))
+        elif c.tie_word_embeddings:  # logits = h @ wte^T (notes 9.4), as eager's nn.linear
             wte = body.wte.weight.data
             self.steps.append(lambda: np.matmul(self.h, wte.T, out=self.logits))
         else:
@@ -212,11 +215,14 @@ class DecodeStep:
 
     # --- the parts ----------------------------------------------------------------------------
     def _embed(self, body: nn.Module) -> Step:
-        wte = body.wte.weight.data
         wpe = None if body.wpe is None else body.wpe.weight.data
+        if isinstance(body.wte, nn.QuantizedEmbedding):  # the looked-up rows dequantized
+            lookup = partial(body.wte.lookup_into, self.tokens, self.x)
+        else:
+            lookup = partial(np.take, body.wte.weight.data, self.tokens, axis=0, out=self.x)
 
         def embed() -> None:  # e_i (+ p_i for learned positions, notes 8.6)
-            np.take(wte, self.tokens, axis=0, out=self.x)
+            lookup()
             if wpe is not None:
                 np.add(self.x, wpe[self.position], out=self.x)
 
