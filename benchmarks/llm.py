@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 PROMPT_IDS = 256  # random prompt ids are drawn below 256, inside --tiny's vocabulary too
 SMOLLM2_135M = dict(  # models.architectures.llama.llama_config's sizes of SmolLM2-135M
@@ -138,7 +139,13 @@ def _measure(generate, new: int, reps: int) -> dict:
 
 
 def worker_glassgrad(
-    model: str, ids: list[int], new: int, reps: int, threads: int, compiled: bool = False
+    model: str,
+    ids: list[int],
+    new: int,
+    reps: int,
+    threads: int,
+    compiled: bool = False,
+    quantize: str | None = None,
 ) -> dict:
     import numpy as np
     from threadpoolctl import threadpool_info
@@ -146,7 +153,7 @@ def worker_glassgrad(
     import models
 
     start = time.perf_counter()
-    net = models.from_pretrained(model)
+    net = models.from_pretrained(model, quantize=quantize)
     load = time.perf_counter() - start
     prompt = np.asarray([ids])
 
@@ -158,7 +165,16 @@ def worker_glassgrad(
     figures = _measure(generate, new, reps)
     blas = [f"{i['internal_api']} {i.get('architecture')}" for i in threadpool_info()]
     parameters = sum(p.data.size for p in net.parameters())
-    return dict(figures, load_s=load, info=blas, parameters=parameters)
+    # the bytes a token reads: float parameters plus the quantized blocks (each table once)
+    blocks = {id(m.weight): m.weight.nbytes for m in net.modules() if quantized(m)}
+    nbytes = sum(p.data.nbytes for p in net.parameters()) + sum(blocks.values())
+    return dict(figures, load_s=load, info=blas, parameters=parameters, weight_bytes=nbytes)
+
+
+def quantized(module: Any) -> bool:
+    import nn
+
+    return isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
 
 
 def worker_glassgrad_compiled(
@@ -166,6 +182,16 @@ def worker_glassgrad_compiled(
 ) -> dict:
     """glassgrad with the compiled decode step (generate(compiled=True), docs/decoding.md)."""
     return worker_glassgrad(model, ids, new, reps, threads, compiled=True)
+
+
+def worker_glassgrad_q8_0(model: str, ids: list[int], new: int, reps: int, threads: int) -> dict:
+    """glassgrad, compiled decode, Linear weights quantized to Q8_0 as they load (quantize=)."""
+    return worker_glassgrad(model, ids, new, reps, threads, compiled=True, quantize="q8_0")
+
+
+def worker_glassgrad_gguf(model: str, ids: list[int], new: int, reps: int, threads: int) -> dict:
+    """glassgrad, compiled decode, the GGUF file's own blocks kept (quantize="gguf")."""
+    return worker_glassgrad(model, ids, new, reps, threads, compiled=True, quantize="gguf")
 
 
 def worker_hf(model: str, ids: list[int], new: int, reps: int, threads: int) -> dict:
@@ -261,12 +287,16 @@ def memory_bandwidth_gbs(mib: int = 512) -> float:
 WORKERS = {
     "glassgrad": worker_glassgrad,
     "glassgrad-compiled": worker_glassgrad_compiled,
+    "glassgrad-q8_0": worker_glassgrad_q8_0,
+    "glassgrad-gguf": worker_glassgrad_gguf,
     "hf": worker_hf,
     "llama.cpp": worker_llama_cpp,
 }
 NAMES = {
     "glassgrad": "glassgrad",
     "glassgrad-compiled": "glassgrad, compiled decode",
+    "glassgrad-q8_0": "glassgrad, compiled decode, Q8_0",
+    "glassgrad-gguf": "glassgrad, compiled decode, the file's blocks",
     "hf": "HF transformers (PyTorch CPU, eager)",
     "llama.cpp": "llama.cpp",
 }
@@ -320,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
 
     wanted = args.frameworks.split(",")
     pythons = {"hf": args.hf_python, "llama.cpp": args.llama_python}
-    pythons["glassgrad"] = pythons["glassgrad-compiled"] = sys.executable
+    for kind in ("glassgrad", "glassgrad-compiled", "glassgrad-q8_0", "glassgrad-gguf"):
+        pythons[kind] = sys.executable
     missing = {}
     if "hf" in wanted and not _python_has(args.hf_python, "torch, transformers"):
         missing["hf"] = f"{args.hf_python} cannot import torch and transformers"
@@ -341,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         ids_file = Path(tmp) / "ids.json"
         ids_file.write_text(json.dumps(prompt_ids(model, args.prompt, random_weights)))
         rows = [
-            (k, model, "as given") for k in ("glassgrad", "glassgrad-compiled", "hf") if k in wanted
+            (k, model, "as given")
+            for k in ("glassgrad", "glassgrad-compiled", "glassgrad-q8_0", "glassgrad-gguf", "hf")
+            if k in wanted
         ]
         rows = [row for row in rows if row[0] not in missing]
         if "llama.cpp" in wanted and "llama.cpp" not in missing:
@@ -399,9 +432,11 @@ def main(argv: list[str] | None = None) -> int:
             runs = results[(r, n)]
             med = {key: statistics.median(run[key] for run in runs) for key in keys}
             nbytes, label = sizes[r] or float32
+            if "weight_bytes" in runs[0] and kind != "glassgrad-compiled" and kind != "glassgrad":
+                nbytes, label = runs[0]["weight_bytes"], kind.removeprefix("glassgrad-")
             stream = nbytes * med["decode_tps"] / 1e9
             print(
-                f"| {NAMES[kind]} | {label if kind == 'llama.cpp' else 'float32'} ({form}) | {n} "
+                f"| {NAMES[kind]} | {label} ({form}) | {n} "
                 f"| {med['load_s']:.2f} | {med['prefill_s']:.3f} | {med['decode_tps']:.1f} "
                 f"| {stream:.2f} | {med['peak_rss_mb']:.0f} |"
             )
