@@ -39,6 +39,7 @@ import autograd
 import autograd.functional as F
 import nn
 from autograd import Tensor, get_default_dtype, no_grad
+from models.architectures import check_positive_integers
 from models.architectures.decoding import DecodeStep
 from models.formats import hf
 from models.formats.errors import FileFormatError
@@ -81,11 +82,10 @@ class DecoderConfig:
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name}: {key} must be a positive integer, got {value!r}")
-            setattr(self, key, int(value))
+        sizes = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+        check_positive_integers(self, sizes)
+        for key in sizes:
+            setattr(self, key, int(getattr(self, key)))
         if self.head_dim is None:
             if self.n_embd % self.n_head:
                 raise ValueError(

@@ -15,6 +15,7 @@ import numpy as np
 import autograd.functional as F
 import nn
 from autograd import Tensor
+from models.architectures import check_positive_integers
 
 
 @dataclass
@@ -31,10 +32,7 @@ class EncoderConfig:
     positions: str = "learned"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"EncoderConfig: {name} must be a positive integer, got {value!r}")
+        check_positive_integers(self, ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"))
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"EncoderConfig: n_embd {self.n_embd} must be divisible by n_head {self.n_head}"

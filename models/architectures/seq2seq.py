@@ -25,6 +25,7 @@ import numpy as np
 import autograd.functional as F
 import nn
 from autograd import Tensor, no_grad
+from models.architectures import check_positive_integers
 
 # --- the vocabulary -------------------------------------------------------------------------------
 
@@ -74,10 +75,9 @@ class Seq2SeqConfig:
     positions: str = "learned"
 
     def __post_init__(self) -> None:
-        for name in ("max_src_len", "max_tgt_len", "vocab_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"Seq2SeqConfig: {name} must be a positive integer, got {value!r}")
+        check_positive_integers(
+            self, ("max_src_len", "max_tgt_len", "vocab_size", "n_layer", "n_head", "n_embd")
+        )
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"Seq2SeqConfig: n_embd {self.n_embd} must be divisible by n_head {self.n_head}"
