@@ -88,10 +88,14 @@ def worker_glassgrad(
     import nn
     from benchmarks.configs import training_step
 
-    model = models.from_pretrained(directory)
-    if mode == "lora":
+    # lora-q8_0: the Linear weights kept in Q8_0 blocks, frozen (QLoRA; glassgrad only)
+    model = models.from_pretrained(directory, quantize="q8_0" if mode == "lora-q8_0" else None)
+    if mode.startswith("lora"):
         nn.apply_lora(model, ",".join(LORA_TARGETS), rank=LORA_RANK, alpha=LORA_ALPHA)
     trainable, total = model.parameter_counts()
+    quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+    blocks = {id(m.weight): m.weight.nbytes for m in model.modules() if isinstance(m, quantized)}
+    frozen = sum(p.data.nbytes for p in model.parameters() if not p.requires_grad)
     optimizer = nn.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
 
     step = training_step(model, optimizer)
@@ -110,6 +114,7 @@ def worker_glassgrad(
         total=total,
         sharded=not getattr(plan, "unsharded", ""),
         blas=blas,
+        frozen_mb=(frozen + sum(blocks.values())) / 2**20,
     )
 
 
@@ -221,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--dir", help="the model directory (default: written to a temporary one)")
     p.add_argument("--worker", choices=("glassgrad", "torch"), help=argparse.SUPPRESS)
-    p.add_argument("--mode", choices=("full", "lora"), help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=("full", "lora", "lora-q8_0"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         if args.worker == "torch":

@@ -205,22 +205,9 @@ def test_a_gguf_file_fine_tunes_with_lora_and_merges_into_a_directory(tmp_path):
     writes a Hugging Face directory (config, weights, tokenizer.json + template) whose logits
     are base + adapter's and whose tokenizer is the file's."""
     pytest.importorskip("gguf")
-    from models.formats.gguf import read_metadata
     from models.formats.tokenizer import BPETokenizer
 
-    make = _load_script(Path(__file__).parent / "fixtures" / "gguf" / "make_fixtures.py")
-    tokenizer_file = Path(__file__).parent / "fixtures" / "tokenizers" / "gguf" / "smollm.gguf"
-    meta = read_metadata(tokenizer_file)
-    keys = ("tokens", "token_type", "merges", "pre", "bos_token_id", "eos_token_id")
-    tokenizer_keys = {f"tokenizer.ggml.{k}": meta[f"tokenizer.ggml.{k}"] for k in keys}
-    base = tmp_path / "tiny.gguf"
-    vocab = len(meta["tokenizer.ggml.tokens"])
-    make.write_llama(
-        base,
-        "Q8_0",
-        size=dict(make.SMALL, vocab=vocab),
-        metadata={**tokenizer_keys, "tokenizer.chat_template": CHATML, "llama.context_length": 256},
-    )
+    base = _tiny_chat_gguf(tmp_path / "tiny.gguf")
     out = tmp_path / "lora"
     model, history = _lora_on_sums(base, out)
     assert len(history["loss"]) == 2 and np.isfinite(history["loss"]).all()
@@ -235,6 +222,26 @@ def test_a_gguf_file_fine_tunes_with_lora_and_merges_into_a_directory(tmp_path):
     text = "a = 12345 + f(x)  # Ünïcode"
     assert written.encode(text) == original.encode(text)
     assert written.chat_template == CHATML
+
+
+def _tiny_chat_gguf(path):
+    """A tiny Q8_0 llama GGUF file with SmolLM2's tokenizer pipeline and a ChatML template in its
+    metadata (written by gguf's writer); returns its path."""
+    from models.formats.gguf import read_metadata
+
+    make = _load_script(Path(__file__).parent / "fixtures" / "gguf" / "make_fixtures.py")
+    tokenizer_file = Path(__file__).parent / "fixtures" / "tokenizers" / "gguf" / "smollm.gguf"
+    meta = read_metadata(tokenizer_file)
+    keys = ("tokens", "token_type", "merges", "pre", "bos_token_id", "eos_token_id")
+    tokenizer_keys = {f"tokenizer.ggml.{k}": meta[f"tokenizer.ggml.{k}"] for k in keys}
+    vocab = len(meta["tokenizer.ggml.tokens"])
+    make.write_llama(
+        path,
+        "Q8_0",
+        size=dict(make.SMALL, vocab=vocab),
+        metadata={**tokenizer_keys, "tokenizer.chat_template": CHATML, "llama.context_length": 256},
+    )
+    return path
 
 
 def _load_script(path):
@@ -267,3 +274,37 @@ def test_sft_refuses_a_conversation_the_model_cannot_hold(base, tmp_path):
     chat_data.write_jsonl(chats, [chat_data.conversation("a.f", "f(\u00e9)")] * 4)
     with pytest.raises(SystemExit, match=r"chats.jsonl: CharTokenizer.encode: 1 character"):
         _fit(argv)
+
+
+def test_lora_on_a_quantized_base_trains_resumes_and_merges_into_the_float_base(tmp_path):
+    """--quantize gguf keeps a Q8_0 file's blocks frozen (QLoRA): only the adapters train, a
+    resumed run repeats the uninterrupted one's losses, and the adapter merged into the float
+    base (the same file dequantized) gives the trained model's logits; --quantize q8_0 trains
+    too, and --quantize without --lora-rank is refused."""
+    pytest.importorskip("gguf")
+    base = _tiny_chat_gguf(tmp_path / "tiny.gguf")
+    chats = tmp_path / "chats.jsonl"
+    pairs = [("2+2?", "4"), ("3+3?", "6"), ("1+1?", "2"), ("4+4?", "8")] * 3
+    chat_data.write_jsonl(chats, [chat_data.conversation(q, a) for q, a in pairs])
+    argv = ["--init-from", str(base), "--sft", str(chats), "--lora-rank", "2"]
+    argv += ["--steps", "4", "--batch-size", "2", "--dtype", "float64", "--eval-every", "2"]
+    argv += ["--quantize", "gguf"]
+    model, history = _fit([*argv, "--out", str(tmp_path / "whole")])
+    quantized = [m for m in model.modules() if isinstance(m, nn.QuantizedLinear)]
+    assert quantized and all(m.weight.format == "q8_0" for m in quantized)
+    assert len(history["loss"]) == 4 and history["loss"][-1] < history["loss"][0]
+    half = [*argv, "--out", str(tmp_path / "half")]
+    _, first = _fit(half, stop=StopAfter(2))
+    assert first["interrupted"] and len(first["loss"]) == 2
+    _, resumed = TRAINER.fit(_settings([*half, "--resume"]), resume=True, quiet=True)
+    assert resumed["loss"] == history["loss"]
+    merge = ["merge", "--base", str(base), "--adapter", str(tmp_path / "whole"), "--dtype"]
+    assert models_lora.main([*merge, "float64", "--out", str(tmp_path / "merged")]) == 0
+    merged = models.from_pretrained(tmp_path / "merged", dtype=np.float64)
+    x = np.arange(12)[None]
+    np.testing.assert_allclose(merged(x)[0].data, model(x)[0].data, rtol=1e-10, atol=1e-10)
+    q8 = [a if a != "gguf" else "q8_0" for a in argv]
+    _, history_q8 = _fit([*q8, "--out", str(tmp_path / "q8")])
+    assert np.isfinite(history_q8["loss"]).all()
+    with pytest.raises(SystemExit, match="--quantize freezes the base"):
+        _settings(["--init-from", str(base), "--sft", str(chats), "--quantize", "q8_0"])

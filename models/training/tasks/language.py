@@ -43,6 +43,13 @@ class LanguageConfig(TrainConfig):
         None,
         resume_keeps=True,
     )
+    quantize: str | None = setting(
+        "keep the --init-from model's Linear weights quantized and frozen (gguf: a .gguf "
+        "file's own blocks), with --lora-rank: LoRA on a quantized base (QLoRA)",
+        None,
+        choices=("q8_0", "q4_0", "q4_1", "gguf"),
+        resume_keeps=True,
+    )
     tokenizer: str = setting(
         "characters or byte-level BPE", "char", choices=("char", "bpe"), resume_keeps=True
     )
@@ -104,6 +111,11 @@ class LanguageModelling(Task):
                 raise SystemExit("train: --sft fine-tunes a trained model: give --init-from")
             if c.data is not None:
                 raise SystemExit("train: --sft and --data are two kinds of data: give one")
+        if c.quantize is not None and c.lora_rank is None:
+            raise SystemExit(
+                "train: --quantize freezes the base's Linear weights: train adapters with "
+                "--lora-rank (and --init-from)"
+            )
         if c.init_from:
             if "arch" in given:
                 raise SystemExit("train: --init-from brings its architecture; drop --arch")
@@ -125,7 +137,7 @@ class LanguageModelling(Task):
 
     def pretrained(self, directory: Path, c: LanguageConfig) -> Decoder:
         """Any family models.from_pretrained reads (a GPT-2 or Llama-family directory)."""
-        return models.from_pretrained(directory, dtype=c.dtype)
+        return models.from_pretrained(directory, dtype=c.dtype, quantize=c.quantize)
 
     def build(self, c: LanguageConfig, data: Any) -> Decoder:
         if c.arch == "gpt2":
