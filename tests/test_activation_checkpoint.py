@@ -11,6 +11,7 @@ import autograd.functional as F
 import nn
 from autograd import Tensor
 from autograd.tensor import _topological_order
+from benchmarks.configs import training_step
 from models.architectures.gpt import GPT, GPTConfig
 from models.architectures.llama import Llama, llama_config
 
@@ -115,14 +116,7 @@ def test_a_llama_with_checkpointed_blocks_compiles_to_the_plain_eager_step(float
         model = Llama(config, rng=np.random.default_rng(0))
         optimizer = nn.optim.AdamW(model.parameters(), lr=1e-3)
 
-        def step(x, y):
-            optimizer.zero_grad()
-            _, loss = model(x, y)
-            loss.backward()
-            optimizer.step()
-            return loss
-
-        return model, step
+        return model, training_step(model, optimizer)
 
     plain, eager = setup(False)
     checkpointed, step = setup(True)

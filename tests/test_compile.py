@@ -17,6 +17,7 @@ import nn
 from autograd import Tensor, TraceError
 from autograd.compile import matmul, shard
 from autograd.compile import plan as plan_module
+from benchmarks.configs import training_step
 from models.architectures.gpt import GPT, GPTConfig
 
 STEPS = 20
@@ -623,14 +624,7 @@ def _llama_setup(lora: bool):
             layer_b.data[...] = np.random.default_rng(5).standard_normal(layer_b.shape) * 0.1
     optimizer = nn.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
 
-    def step(x, y):
-        optimizer.zero_grad()
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return model, step
+    return model, training_step(model, optimizer)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])

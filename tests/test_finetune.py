@@ -19,6 +19,7 @@ import autograd
 import nn
 from autograd import Tensor, hooks
 from autograd.gradcheck import gradcheck
+from benchmarks.configs import training_step
 from models import lora as models_lora
 from models.architectures.gpt import GPT, IGNORE_INDEX, GPTConfig
 from models.architectures.llama import Llama, llama_config
@@ -160,17 +161,6 @@ def test_checkpoints_keep_frozen_parameters(tmp_path):
     assert [n for n, p in fresh.named_parameters() if not p.requires_grad] == names
 
 
-def _training_step(model, optimizer):
-    def step(x, y):
-        optimizer.zero_grad()
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
-
-
 def _compiled_vs_eager(fusion, prepare, steps=3):
     """Losses, model and step of `steps` AdamW steps, eager then compiled, models prepared alike."""
     runs = []
@@ -178,7 +168,7 @@ def _compiled_vs_eager(fusion, prepare, steps=3):
         model = _gpt()
         prepare(model)
         optimizer = nn.optim.AdamW(model.parameters(), lr=1e-2)
-        step = _training_step(model, optimizer)
+        step = training_step(model, optimizer)
         shards = 2 if fusion is True else None  # fusion on: the batch-sharded step, always
         run = autograd.compile(step, fusion=fusion, shards=shards) if compiled else step
         losses = [float(run(*_batch(seed=s)).data) for s in range(steps)]
@@ -350,7 +340,7 @@ def test_compiled_llama_step_equals_eager(fusion, setup):
         model = Llama(config, rng=np.random.default_rng(0))
         LLAMA_SETUPS[setup](model)
         optimizer = nn.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-        step = _training_step(model, optimizer)
+        step = training_step(model, optimizer)
         run = autograd.compile(step, fusion=fusion) if compiled else step
         losses = [float(run(*_batch(seed=s)).data) for s in range(3)]
         runs.append((losses, model))
