@@ -384,6 +384,26 @@ def test_start_threads_leaves_the_environment_as_it_was():
     assert json.loads(out.stdout)[0] == "ACTIVE", out.stderr
 
 
+def test_start_threads_spin_is_chosen_once_and_leaves_the_environment():
+    # DecodeStep asks for polling workers (start_threads("spin")); the first call in a process
+    # decides, a later request changes nothing, and libgomp's variables are restored
+    code = """
+        import json, os
+        import numba
+        import autograd.kernels as K
+        first = K.start_threads("spin")
+        later = K.start_threads("sleep")
+        names = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+        print(json.dumps([first, later, [os.environ.get(n) for n in names]]))
+    """
+    out = run_python(code, OMP_WAIT_POLICY=None, GOMP_SPINCOUNT=None, NUMBA_THREADING_LAYER=None)
+    assert out.returncode == 0, out.stderr
+    first, later, environment = json.loads(out.stdout)
+    assert first == later == "spin" and environment == [None, None]
+    with pytest.raises(ValueError, match="start_threads: wait must be 'sleep' or 'spin'"):
+        _common.start_threads("busy")
+
+
 def test_threads_sleep_when_another_openmp_runtime_was_loaded_first():
     # torch imported first brings its own libgomp, set up without the passive wait policy:
     # Numba must not run its loops on it (they would spin), so start_threads picks the workqueue

@@ -3,7 +3,6 @@
 Importing this module never imports Numba; building the first `Kernel` does.
 """
 
-import functools
 import os
 import threading
 import types
@@ -119,35 +118,69 @@ def openmp_already_loaded() -> bool:
     return False
 
 
-@functools.cache
-def start_threads() -> None:
-    """Start Numba's worker threads so that they sleep, not spin, between parallel loops.
+# How long a "spin" worker keeps polling before it sleeps: libgomp's GOMP_SPINCOUNT, in rounds
+# of its pause loop (10000: ~0.2 ms of CPU after each loop on the Xeons here).
+SPIN_ROUNDS = 10000
+_STARTED = {}  # {"wait": how the running workers wait}, once start_threads has run
+_START_LOCK = threading.Lock()
 
-    The first parallel kernel call does this; call it yourself (autograd.kernels.start_threads)
-    before anything else starts Numba's threads, e.g. numba.set_num_threads(n), which launches
-    them with libgomp's default (spinning) policy.
+
+def start_threads(wait: str = "sleep") -> str:
+    """Start Numba's worker threads; `wait` says what they do between parallel loops. Returns the
+    policy in force: the first call in a process decides, later calls change nothing.
+
+    - "sleep" (the default: training, and anything else): the workers sleep at once.
+    - "spin": the workers poll for a short while (SPIN_ROUNDS) before they sleep. For decoding
+      (DecodeStep asks for it): a token runs ~200 short parallel loops back to back (the
+      quantized matrix-vector products), each of which waits ~50 us for sleeping workers to
+      wake; polling workers start at once (SmolLM2-135M in Q8_0, 2 threads: 24.5 -> 15.0 ms a
+      token). llama.cpp's threads poll the same way between ops.
+
+    The first parallel kernel call does this; call it yourself before anything else starts
+    Numba's threads, e.g. numba.set_num_threads(n), which launches them with libgomp's default
+    (spinning for long) policy.
 
     Numba's default "omp" threading layer loads libgomp, whose workers by default spin after each
     parallel loop, waiting for the next. When other processes keep the cores busy, that spinning
     competes with the threads doing the work: a (1024, 384) LayerNorm forward took 8.0 ms instead
     of 0.22 ms (2 threads, load average 3.5). Passive workers sleep at once. libgomp reads
-    OMP_WAIT_POLICY once, when it is loaded, which numba.get_num_threads() does here; the variable
-    is removed again afterwards, so OpenMP runtimes loaded later keep their defaults.
+    OMP_WAIT_POLICY and GOMP_SPINCOUNT once, when it is loaded, which numba.get_num_threads()
+    does here; the variables are removed again afterwards, so OpenMP runtimes loaded later keep
+    their defaults.
 
     If an OpenMP runtime is already loaded (torch was imported first), that runtime was set up
-    without the passive policy and Numba's loops would end up spinning on it (the tiny training
+    without our policy and Numba's loops would end up spinning on it (the tiny training
     step went 22.6 -> 66.8 ms): then Numba's own "workqueue" layer is used instead, whose workers
     always sleep. An explicit NUMBA_THREADING_LAYER or OMP_WAIT_POLICY is left alone.
     """
+    if wait not in ("sleep", "spin"):
+        raise ValueError(f"start_threads: wait must be 'sleep' or 'spin', got {wait!r}")
+    if "wait" in _STARTED:
+        return _STARTED["wait"]
     import numba  # here, not at the top: see the module docstring
 
-    if "NUMBA_THREADING_LAYER" not in os.environ and openmp_already_loaded():
-        numba.config.THREADING_LAYER = "workqueue"
-    if "OMP_WAIT_POLICY" in os.environ:
-        numba.get_num_threads()
-        return
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
-        numba.get_num_threads()  # launches the threading layer
-    finally:
-        os.environ.pop("OMP_WAIT_POLICY", None)  # pop: two threads may get here at once
+    with _START_LOCK:  # two threads of a sharded step may get here at once
+        if "wait" in _STARTED:
+            return _STARTED["wait"]
+        if "NUMBA_THREADING_LAYER" not in os.environ and openmp_already_loaded():
+            numba.config.THREADING_LAYER = "workqueue"
+            wait = "sleep"  # workqueue's workers always sleep
+        if "OMP_WAIT_POLICY" in os.environ:
+            numba.get_num_threads()
+            _STARTED["wait"] = "as OMP_WAIT_POLICY says"
+            return _STARTED["wait"]
+        policy = {"sleep": {"OMP_WAIT_POLICY": "PASSIVE"}}.get(
+            wait, {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": str(SPIN_ROUNDS)}
+        )
+        saved = {name: os.environ.get(name) for name in policy}
+        os.environ.update(policy)
+        try:
+            numba.get_num_threads()  # launches the threading layer
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        _STARTED["wait"] = wait
+        return wait

@@ -19,9 +19,10 @@ f16 scales become float32 through a 65536-entry table (Numba has no float16 on t
 """
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from ._common import FASTMATH, Kernel
+from ._prefetch import prefetch
 
 # "contract" lets LLVM fuse a * b + c into one FMA. A value stays gguf's: d * q is exact in
 # float32 (an 11-bit d times a 4- or 8-bit q), so fma(d, q, m) rounds once where gguf's
@@ -79,11 +80,34 @@ def quantized_matmul_t_numpy(g, weight):
 # the inner loop then has no reduction and no horizontal add per block, and LLVM turns it into
 # vector instructions (4x faster than a sum per block on AVX-512). Every value is made as gguf's
 # reader makes it, in float32, before it is multiplied, so a float64 x sees exactly W.
+#
+# Before a row, the row `ahead` rows later is prefetched (_prefetch.py): the arithmetic per byte
+# keeps the hardware prefetcher behind, and the weight (a model's worth of rows, one layer after
+# another) comes from memory, not the cache (q8_0, 400000 x 576: 5.4 -> 11.7 GB/s on one core).
+PREFETCH_BYTES = 2048
+
+
+@njit(cache=True, nogil=True)
+def _prefetch_row(quants, r, ahead):
+    """Prefetch the cache lines of row r + ahead of quants (out, bytes), if there is one."""
+    if r + ahead < quants.shape[0]:
+        start = (r + ahead) * quants.shape[1]
+        for offset in range(0, quants.shape[1], 64):
+            prefetch(quants, start + offset)
+
+
+@njit(cache=True, nogil=True)
+def _nibbles(byte):
+    """(low, high) 4-bit values of a byte as int32: Numba's own integer arithmetic is int64,
+    whose vectors convert to float at half the width (q4_1: 7.1 -> 11.2 G values/s, one core)."""
+    byte = np.int32(byte)
+    return np.int32(byte & 15), np.int32(byte >> 4)
 
 
 @_kernel
-def _matvec_q8_0(x, scales, quants, table, out):
+def _matvec_q8_0(x, scales, quants, table, ahead, out):
     for r in prange(quants.shape[0]):
+        _prefetch_row(quants, r, ahead)
         lanes = np.zeros(32, x.dtype)
         for b in range(scales.shape[1]):
             d = table[scales[r, b]]
@@ -93,29 +117,32 @@ def _matvec_q8_0(x, scales, quants, table, out):
 
 
 @_kernel
-def _matvec_q4_0(x, scales, quants, table, out):
+def _matvec_q4_0(x, scales, quants, table, ahead, out):
     # byte j of a block: its low nibble is value j, its high nibble value j + 16
     for r in prange(quants.shape[0]):
+        _prefetch_row(quants, r, ahead)
         lanes = np.zeros(32, x.dtype)
         for b in range(scales.shape[1]):
             d = table[scales[r, b]]
             for j in range(16):
-                byte = quants[r, 16 * b + j]
-                lanes[j] += x[32 * b + j] * (d * np.float32(np.int32(byte & 15) - 8))
-                lanes[16 + j] += x[32 * b + 16 + j] * (d * np.float32(np.int32(byte >> 4) - 8))
+                low, high = _nibbles(quants[r, 16 * b + j])
+                # q - 8 in float32 (exact), not in integers: those would widen to int64
+                lanes[j] += x[32 * b + j] * (d * (np.float32(low) - np.float32(8)))
+                lanes[16 + j] += x[32 * b + 16 + j] * (d * (np.float32(high) - np.float32(8)))
         out[r] = lanes.sum()
 
 
 @_kernel
-def _matvec_q4_1(x, scales, mins, quants, table, out):
+def _matvec_q4_1(x, scales, mins, quants, table, ahead, out):
     for r in prange(quants.shape[0]):
+        _prefetch_row(quants, r, ahead)
         lanes = np.zeros(32, x.dtype)
         for b in range(scales.shape[1]):
             d, m = table[scales[r, b]], table[mins[r, b]]
             for j in range(16):
-                byte = quants[r, 16 * b + j]
-                lanes[j] += x[32 * b + j] * (d * np.float32(byte & 15) + m)
-                lanes[16 + j] += x[32 * b + 16 + j] * (d * np.float32(byte >> 4) + m)
+                low, high = _nibbles(quants[r, 16 * b + j])
+                lanes[j] += x[32 * b + j] * (d * np.float32(low) + m)
+                lanes[16 + j] += x[32 * b + 16 + j] * (d * np.float32(high) + m)
         out[r] = lanes.sum()
 
 
@@ -129,12 +156,13 @@ def _flat(weight):
 def _matvec(x, weight, out):
     bits, mins, quants = _flat(weight)
     work = weight.shape[0] * weight.shape[1]
+    ahead = max(1, PREFETCH_BYTES // quants.shape[1])
     if weight.format == "q8_0":
-        _matvec_q8_0(work, x, bits, quants, F16_TO_F32, out)
+        _matvec_q8_0(work, x, bits, quants, F16_TO_F32, ahead, out)
     elif weight.format == "q4_0":
-        _matvec_q4_0(work, x, bits, quants, F16_TO_F32, out)
+        _matvec_q4_0(work, x, bits, quants, F16_TO_F32, ahead, out)
     else:
-        _matvec_q4_1(work, x, bits, mins, quants, F16_TO_F32, out)
+        _matvec_q4_1(work, x, bits, mins, quants, F16_TO_F32, ahead, out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ import numpy as np
 
 import nn
 from autograd import Tensor, no_grad
-from autograd.kernels import attention, gelu, layernorm, silu
+from autograd.kernels import attention, gelu, layernorm, silu, start_threads
 
 Step = Callable[[], None]
 
@@ -164,6 +164,9 @@ class DecodeStep:
                 f"capacity, {c.head_dim}), got {len(caches)} of {caches[0].k.shape}"
             )
         self.model, self.caches, self.capacity, self.exact = model, caches, capacity, exact
+        # a token is ~200 short parallel loops back to back: let Numba's workers poll between
+        # them rather than sleep (if nothing started them yet; see start_threads)
+        start_threads(wait="spin")
         heads, width = c.n_head, c.n_head * c.head_dim
         self.tokens = np.zeros(batch, np.int64)
         self.position = 0  # the position of the token being decoded (= its cache slot)
