@@ -137,6 +137,42 @@ class QuantizedWeight:
         return f"QuantizedWeight({self.format}, in={self.shape[0]}, out={self.shape[1]})"
 
 
+def concatenate_outputs(
+    weights: list[QuantizedWeight],
+) -> tuple[QuantizedWeight, list[QuantizedWeight]]:
+    """W_1 | W_2 | ... (in, out_1 + out_2 + ...) as one weight, and each W_i again as a view of
+    its rows in it: the same blocks in one array, so that one product computes all the outputs
+    (the compiled decode step's q | k | v and gate | up) and the W_i cost no memory of their own.
+    The weights must share format and in_features."""
+    first = weights[0]
+    if any(w.format != first.format or w.shape[0] != first.shape[0] for w in weights):
+        raise ValueError(
+            "concatenate_outputs: the weights must share format and in_features, got "
+            + ", ".join(repr(w) for w in weights)
+        )
+
+    def joined(name: str) -> np.ndarray | None:
+        arrays = [getattr(w, name) for w in weights]
+        return None if arrays[0] is None else np.concatenate(arrays)
+
+    fused = QuantizedWeight(
+        first.format,
+        (first.shape[0], sum(w.shape[1] for w in weights)),
+        joined("scales"),
+        joined("quants"),
+        joined("mins"),
+    )
+    views, start = [], 0
+    for w in weights:
+        rows = slice(start, start + w.shape[1])
+        mins = None if fused.mins is None else fused.mins[rows]
+        views.append(
+            QuantizedWeight(w.format, w.shape, fused.scales[rows], fused.quants[rows], mins)
+        )
+        start = rows.stop
+    return fused, views
+
+
 def _check_format(fmt: Any, op: str) -> str:
     if fmt not in FORMATS:
         raise ValueError(f"{op}: format must be one of {', '.join(FORMATS)}, got {fmt!r}")

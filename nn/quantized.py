@@ -22,6 +22,7 @@ from autograd import Tensor, get_default_dtype, kernels
 from autograd.quantized import (
     FORMATS,
     QuantizedWeight,
+    concatenate_outputs,
     quantize,
     quantized_linear,
     quantized_rows,
@@ -56,9 +57,25 @@ class QuantizedLinear(Module):
     def forward_into(self, x: np.ndarray, out: np.ndarray) -> None:
         """out = x @ W (+ bias) for x (rows, in): the compiled decode step's call
         (models.architectures.decoding), the same kernels as forward."""
-        np.copyto(out, kernels.quantized_matmul(x, self.weight))
+        kernels.quantized_matmul_into(x, self.weight, out)
         if self.bias is not None:
             np.add(out, self.bias.data, out=out)
+
+    @classmethod
+    def side_by_side(cls, layers: list[QuantizedLinear]) -> QuantizedLinear:
+        """One layer computing every layer's outputs, side by side (q | k | v, gate | up). The
+        blocks move into one array: each layer's weight becomes a view of its rows there (the
+        same values; no memory is added). The layers must share format and in_features, and all
+        or none have a bias."""
+        if len({layer.bias is None for layer in layers}) > 1:
+            raise ValueError("QuantizedLinear.side_by_side: all layers or none must have a bias")
+        fused, views = concatenate_outputs([layer.weight for layer in layers])
+        for layer, view in zip(layers, views, strict=True):
+            layer.weight = view
+        bias = None
+        if layers[0].bias is not None:
+            bias = np.concatenate([layer.bias.data for layer in layers])
+        return cls(fused, bias)
 
     def extra_repr(self) -> str:
         return (
@@ -95,7 +112,7 @@ class QuantizedEmbedding(Module):
 
     def attend_into(self, x: np.ndarray, out: np.ndarray) -> None:
         """out = x @ table^T (attend's values) for the compiled decode step."""
-        np.copyto(out, kernels.quantized_matmul(x, self.weight))
+        kernels.quantized_matmul_into(x, self.weight, out)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, format={self.weight.format}"

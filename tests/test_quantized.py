@@ -187,6 +187,34 @@ def test_quantized_linear_module_is_frozen_and_says_its_format():
         nn.quantize_linears(nn.MLP(32), "q3_k")
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_layers_side_by_side_share_one_array_and_compute_every_output(fmt):
+    # the compiled decode step's q | k | v and gate | up: one product, no memory added
+    rng = np.random.default_rng(1)
+    linears = [nn.Linear(64, n, rng=rng) for n in (16, 8, 8)]
+    layers = [nn.QuantizedLinear.from_linear(linear, fmt) for linear in linears]
+    before = [layer.weight.dequantize() for layer in layers]
+    fused = nn.QuantizedLinear.side_by_side(layers)
+    assert fused.weight.shape == (64, 32) and fused.weight.format == fmt
+    np.testing.assert_array_equal(fused.weight.dequantize(), np.concatenate(before, axis=1))
+    biases = [layer.bias.data for layer in layers]
+    np.testing.assert_array_equal(fused.bias.data, np.concatenate(biases))
+    for layer, weight in zip(layers, before, strict=True):
+        np.testing.assert_array_equal(layer.weight.dequantize(), weight)  # the same values
+        assert np.shares_memory(layer.weight.quants, fused.weight.quants)  # now in fused's array
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    out = np.empty((1, 32), np.float32)
+    fused.forward_into(x, out)
+    apart = [layer(Tensor(x)).data for layer in layers]
+    np.testing.assert_array_equal(out, np.concatenate(apart, axis=1))  # one row: bit for bit
+    other = nn.QuantizedLinear.from_linear(nn.Linear(32, 8, rng=rng), fmt)
+    with pytest.raises(ValueError, match="concatenate_outputs: the weights must share"):
+        nn.QuantizedLinear.side_by_side([layers[0], other])
+    unbiased = nn.QuantizedLinear.from_linear(nn.Linear(64, 8, bias=False, rng=rng), fmt)
+    with pytest.raises(ValueError, match="all layers or none must have a bias"):
+        nn.QuantizedLinear.side_by_side([layers[0], unbiased])
+
+
 def small_llama(dtype, tied=True):
     from models.architectures.llama import Llama, llama_config
 

@@ -238,6 +238,18 @@ def quantized_matmul(x, weight):
     return get_kernel("quantized_matmul")(x, weight)
 
 
+def quantized_matmul_into(x, weight, out):
+    """out[...] = x @ W (quantized_matmul), out (N, out) of x's dtype; with the Numba backend a
+    single C-contiguous row goes straight to the matrix-vector kernel, nothing allocated (the
+    compiled decode step's call, ~200 a token)."""
+    if _backend == "numba":
+        from .quantized import quantized_matmul_into_numba
+
+        quantized_matmul_into_numba(x, weight, out)
+    else:
+        out[...] = quantized_matmul(x, weight)
+
+
 def quantized_matmul_t(g, weight):
     """g (N, out) @ W^T for a QuantizedWeight W (quantized.quantized_matmul_t_numpy)."""
     return get_kernel("quantized_matmul_t")(g, weight)
@@ -253,5 +265,6 @@ __all__ = [
     "use_backend",
     "get_kernel",
     "start_threads",
+    "quantized_matmul_into",
     *KERNELS,
 ]

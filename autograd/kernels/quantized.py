@@ -237,6 +237,23 @@ def quantized_matmul_numba(x, weight):
     return out
 
 
+def quantized_matmul_into_numba(x, weight, out):
+    """out[...] = quantized_matmul_numba(x, weight); one row of x, of out's dtype, both
+    C-contiguous, runs the matrix-vector kernel into out directly."""
+    one_row = x.ndim == 2 and x.shape[0] == 1 and out.shape == (1, weight.shape[1])
+    if (
+        one_row
+        and x.shape[1] == weight.shape[0]
+        and x.dtype == out.dtype
+        and x.dtype in (np.float32, np.float64)
+        and x.flags.c_contiguous
+        and out.flags.c_contiguous
+    ):
+        _matvec(x[0], weight, out[0])
+    else:
+        out[...] = quantized_matmul_numba(x, weight)
+
+
 def quantized_matmul_t_numba(g, weight):
     """Numba g @ W^T; same contract as quantized_matmul_t_numpy."""
     g = _check(g, weight, "quantized_matmul_t", True)

@@ -27,8 +27,9 @@ token, the very calls eager makes on operands of the same shapes and layout:
 
 With exact=True the logits equal eager's bit for bit in float32 and float64 (with the default
 Numba kernels; GLASSGRAD_KERNELS=numpy makes eager run the numpy references, which sum in other
-orders). By default one thing more is fused: a Llama layer's q_proj, k_proj, v_proj as one
-product (_fused_projections), the same tokens, the logits within rounding (docs/decoding.md).
+orders). By default products that read the same input run as one: a Llama layer's q_proj,
+k_proj, v_proj (_fused_projections) and, for quantized layers, gate_proj and up_proj
+(_side_by_side_quantized); the same tokens, the logits within rounding (docs/decoding.md).
 
 A Linear-like module plugs in by its product into a buffer: `nn.Linear` runs np.matmul on its
 weight; any other module offering `forward_into(x, out)` (x (rows, in), out (rows, out), both
@@ -131,8 +132,13 @@ def _fused_projections(
     widths 24 | 12 | 12; SmolLM2's 576 | 192 | 192 gave the same tokens)."""
     if hasattr(attn, "c_attn"):
         return lambda x, out: _product(attn.c_attn, x, out)
-    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    if exact or any(type(p) is not nn.Linear for p in projections):
+    projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+    if exact:
+        return None
+    if _side_by_side_quantized(projections):
+        fused = nn.QuantizedLinear.side_by_side(projections)
+        return lambda x, out: _product(fused, x, out)
+    if any(type(p) is not nn.Linear for p in projections):
         return None
     biases = [p.bias for p in projections]
     if any(b is None for b in biases) and any(b is not None for b in biases):
@@ -140,6 +146,17 @@ def _fused_projections(
     weight = np.concatenate([p.weight.data for p in projections], axis=1)
     bias = None if biases[0] is None else np.concatenate([b.data for b in biases])
     return lambda x, out: _matmul(weight, bias, x, out)
+
+
+def _side_by_side_quantized(layers: list[nn.Module]) -> bool:
+    """Whether quantized layers can run as one product (nn.QuantizedLinear.side_by_side): one
+    parallel loop instead of several, each of which costs its start (~200 a token), and no
+    memory added (the blocks move side by side, the layers keep views). For one row (batch 1)
+    each output is the same sum as apart (the matrix-vector kernel sums outputs on their own);
+    more rows go through BLAS, which may round the columns otherwise, hence not with exact."""
+    return all(type(layer) is nn.QuantizedLinear for layer in layers) and (
+        len({(layer.weight.format, layer.in_features, layer.bias is None) for layer in layers}) == 1
+    )
 
 
 class DecodeStep:
@@ -314,6 +331,22 @@ class DecodeStep:
     def _mlp(self, mlp: nn.Module) -> list[Step]:
         """The MLP of h into attn_out (the buffer the residual add reads)."""
         ffn, gate = self.ffn, self.gate
+        side_by_side = isinstance(mlp, nn.GatedMLP) and not self.exact
+        if side_by_side and _side_by_side_quantized([mlp.c_gate, mlp.c_fc]):
+            fused = nn.QuantizedLinear.side_by_side([mlp.c_gate, mlp.c_fc])
+            gate_up = np.empty((gate.shape[0], 2 * gate.shape[1]), gate.dtype)
+
+            def split() -> None:
+                np.copyto(gate, gate_up[:, : gate.shape[1]])
+                np.copyto(ffn, gate_up[:, gate.shape[1] :])
+
+            return [
+                _product(fused, self.h, gate_up),
+                split,
+                lambda: silu._silu_values(gate.size, gate.reshape(-1), gate.reshape(-1)),
+                lambda: np.multiply(gate, ffn, out=ffn),
+                _product(mlp.c_proj, ffn, self.branch),
+            ]
         if isinstance(mlp, nn.GatedMLP):  # c_proj(silu(h W_gate) * (h W_up))
             return [
                 _product(mlp.c_gate, self.h, gate),
