@@ -137,19 +137,48 @@ class QuantizedWeight:
         return f"QuantizedWeight({self.format}, in={self.shape[0]}, out={self.shape[1]})"
 
 
+def _consecutive_views(weights: list[QuantizedWeight]) -> QuantizedWeight | None:
+    """The weight whose arrays `weights` are consecutive row views of, covering all of it (what
+    concatenate_outputs returned for them before), or None."""
+    names = ("scales", "quants", "mins")
+    bases = [getattr(weights[0], name) for name in names]
+    bases = [None if a is None else a.base for a in bases]
+    if bases[1] is None or bases[0] is None:
+        return None
+    rows = 0
+    for w in weights:
+        for name, base in zip(names, bases, strict=True):
+            view = getattr(w, name)
+            if view is None:
+                continue
+            if (
+                view.base is not base
+                or view.ctypes.data != base.ctypes.data + rows * base.strides[0]
+            ):
+                return None
+        rows += w.shape[1]
+    if rows != bases[1].shape[0]:
+        return None
+    return QuantizedWeight(weights[0].format, (weights[0].shape[0], rows), *bases)
+
+
 def concatenate_outputs(
     weights: list[QuantizedWeight],
 ) -> tuple[QuantizedWeight, list[QuantizedWeight]]:
     """W_1 | W_2 | ... (in, out_1 + out_2 + ...) as one weight, and each W_i again as a view of
     its rows in it: the same blocks in one array, so that one product computes all the outputs
     (the compiled decode step's q | k | v and gate | up) and the W_i cost no memory of their own.
-    The weights must share format and in_features."""
+    The weights must share format and in_features. Weights that are such views already (an
+    earlier call's) give their weight back, nothing copied: a step built again adds no memory."""
     first = weights[0]
     if any(w.format != first.format or w.shape[0] != first.shape[0] for w in weights):
         raise ValueError(
             "concatenate_outputs: the weights must share format and in_features, got "
             + ", ".join(repr(w) for w in weights)
         )
+    joined_before = _consecutive_views(weights)
+    if joined_before is not None:  # an earlier call's views, in order: nothing to copy
+        return joined_before, list(weights)
 
     def joined(name: str) -> np.ndarray | None:
         arrays = [getattr(w, name) for w in weights]

@@ -8,6 +8,10 @@ sampled one token at a time and printed as it comes, until an end-of-turn id (no
 conversation stays in the context: its keys and values stay in the KV cache (notes 12.4), so a
 new turn runs only its own new tokens. `/reset` starts over; when the context is full, the chat
 says so (start over with /reset, or give a larger --context).
+
+A reply's tokens after the turn's first are decoded by the compiled decode step (docs/decoding.md;
+--eager: op by op); --quantize keeps the weights in a block format (q8_0, q4_0, q4_1, or gguf: a
+.gguf file's own blocks), which reads fewer bytes a token (docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class Chat:
         system: str | None = None,
         max_new_tokens: int = 256,
         rng: np.random.Generator | None = None,
+        compiled: bool = True,
         **sampling: Any,
     ) -> None:
         if not hasattr(tokenizer, "apply_chat_template"):
@@ -50,6 +55,7 @@ class Chat:
         self.system, self.max_new_tokens = system, max_new_tokens
         self.rng = np.random.default_rng() if rng is None else rng
         self.sampling = sampling
+        self.compiled = compiled  # replies decoded by the compiled step (docs/decoding.md)
         self.reset()
 
     @property
@@ -88,7 +94,12 @@ class Chat:
         new: list[int] = []
         shown = ""
         stream = self.model.stream(
-            ids[keep:], self.caches, min(self.max_new_tokens, room), rng=self.rng, **self.sampling
+            ids[keep:],
+            self.caches,
+            min(self.max_new_tokens, room),
+            rng=self.rng,
+            compiled=self.compiled,
+            **self.sampling,
         )
         for token in stream:
             if token in eos:  # it ends the turn; the token before it is in the cache by now
@@ -124,6 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=None, help="keep only the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument(
+        "--quantize",
+        choices=["q8_0", "q4_0", "q4_1", "gguf"],
+        default=None,
+        help="keep the weights quantized in memory (gguf: a .gguf file's own blocks); "
+        "docs/quantization.md",
+    )
+    p.add_argument(
+        "--eager", action="store_true", help="decode op by op, not by the compiled decode step"
+    )
     return p
 
 
@@ -172,10 +193,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"SmolLM2-135M-Instruct from {args.model}", file=sys.stderr)
     try:
-        model, tokenizer = load(args.model, args.revision)
+        model, tokenizer = load(args.model, args.revision, args.quantize)
         chat = Chat(
             model,
             tokenizer,
+            compiled=not args.eager,
             context=args.context,
             system=args.system,
             max_new_tokens=args.max_new_tokens,

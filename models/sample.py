@@ -45,16 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load(model: str | Path, revision: str | None = None) -> tuple[Decoder, Tokenizer]:
+def load(
+    model: str | Path, revision: str | None = None, quantize: str | None = None
+) -> tuple[Decoder, Tokenizer]:
     """The model and tokenizer of a checkpoint or model directory, a .gguf file (which holds
     both) or a hub name (`org/name` at revision, fetched once into the cache:
-    models.formats.hub)."""
+    models.formats.hub). quantize: as models.from_pretrained's (docs/quantization.md)."""
     path = hub.resolve(model, revision)  # once, for both
     if path.suffix == ".gguf":  # the model first: its read of the file's metadata is kept
-        net = models.from_pretrained(path)
+        net = models.from_pretrained(path, quantize=quantize)
         return net, load_tokenizer(path)
     tokenizer = load_tokenizer(path)  # first: its error says what a checkpoint directory holds
-    return models.from_pretrained(path), tokenizer
+    return models.from_pretrained(path, quantize=quantize), tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -302,7 +302,8 @@ CHARS = "<>|aus bcdef"  # 12 characters; ids 3 ('|') and 7 ('b') end a turn
 
 
 @pytest.mark.parametrize("ends_on_eos", [False, True])
-def test_chat_reuses_the_cache_and_matches_generate(float64, ends_on_eos):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_chat_reuses_the_cache_and_matches_generate(float64, ends_on_eos, compiled):
     tokenizer = TurnTokenizer(CHARS)
     model = llama(vocab_size=12, block_size=64, eos_token_ids=[])
     first = tokenizer.encode(
@@ -311,7 +312,7 @@ def test_chat_reuses_the_cache_and_matches_generate(float64, ends_on_eos):
     if ends_on_eos:  # the third token of the first reply ends the turn
         model.config.eos_token_ids = [int(model.generate(first[None], 3, temperature=0)[0, -1])]
     eos = model.config.eos_token_ids
-    chat = Chat(model, tokenizer, context=64, max_new_tokens=6, temperature=0)
+    chat = Chat(model, tokenizer, context=64, max_new_tokens=6, temperature=0, compiled=compiled)
     run_lengths, stream = [], model.stream
     model.stream = lambda ids, *args, **kw: (
         run_lengths.append(len(ids)),

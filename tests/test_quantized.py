@@ -202,6 +202,11 @@ def test_layers_side_by_side_share_one_array_and_compute_every_output(fmt):
     for layer, weight in zip(layers, before, strict=True):
         np.testing.assert_array_equal(layer.weight.dequantize(), weight)  # the same values
         assert np.shares_memory(layer.weight.quants, fused.weight.quants)  # now in fused's array
+    again = nn.QuantizedLinear.side_by_side(layers)  # a step built again: nothing copied
+    assert again.weight.quants is fused.weight.quants and again.weight.scales is fused.weight.scales
+    reordered = nn.QuantizedLinear.side_by_side(layers[::-1])  # not in order: a copy, correct
+    assert not np.shares_memory(reordered.weight.quants, fused.weight.quants)
+    np.testing.assert_array_equal(reordered.weight.dequantize(), np.concatenate(before[::-1], 1))
     x = rng.standard_normal((1, 64)).astype(np.float32)
     out = np.empty((1, 32), np.float32)
     fused.forward_into(x, out)

@@ -243,9 +243,9 @@ def quantized_matmul_into(x, weight, out):
     single C-contiguous row goes straight to the matrix-vector kernel, nothing allocated (the
     compiled decode step's call, ~200 a token)."""
     if _backend == "numba":
-        from .quantized import quantized_matmul_into_numba
+        from .quantized import matmul_into
 
-        quantized_matmul_into_numba(x, weight, out)
+        matmul_into(x, weight, out)
     else:
         out[...] = quantized_matmul(x, weight)
 

@@ -237,9 +237,10 @@ def quantized_matmul_numba(x, weight):
     return out
 
 
-def quantized_matmul_into_numba(x, weight, out):
+def matmul_into(x, weight, out):
     """out[...] = quantized_matmul_numba(x, weight); one row of x, of out's dtype, both
-    C-contiguous, runs the matrix-vector kernel into out directly."""
+    C-contiguous, runs the matrix-vector kernel into out directly. (Not a registered kernel of
+    its own: the same kernels as quantized_matmul, writing into a buffer.)"""
     one_row = x.ndim == 2 and x.shape[0] == 1 and out.shape == (1, weight.shape[1])
     if (
         one_row

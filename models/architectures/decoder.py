@@ -396,10 +396,12 @@ class Decoder(nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         rng: np.random.Generator | None = None,
+        compiled: bool = False,
     ) -> Iterator[int]:
         """Continue one sequence whose first caches[0].length tokens are in `caches`: run `ids`
         (1-D, the tokens after them) and yield each new token as soon as it is chosen, until an
         end-of-sequence id (yielded too) or max_new_tokens. A chat keeps `caches` between turns.
+        compiled: each token after `ids` runs as a compiled decode step (as generate's True).
         Raises ValueError before computing anything when the context cannot hold them all."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         check_sampling_args(temperature, top_k, top_p, self.config.vocab_size)
@@ -413,11 +415,15 @@ class Decoder(nn.Module):
         rng = np.random.default_rng() if rng is None else rng
         was_training = self.training
         self.eval()
+        step = self.compile_decoder(caches) if compiled and max_new_tokens > 1 else None
         try:
-            for _ in range(max_new_tokens):
-                with no_grad():
-                    logits, _ = self(ids, kv_caches=caches)
-                scores = logits.data[:, -1, :].astype(np.float64)
+            for i in range(max_new_tokens):
+                if step is not None and i > 0:
+                    scores = step(ids[0]).astype(np.float64)
+                else:
+                    with no_grad():
+                        logits, _ = self(ids, kv_caches=caches)
+                    scores = logits.data[:, -1, :].astype(np.float64)
                 token = int(choose_next_token(scores, temperature, top_k, top_p, rng)[0])
                 yield token
                 if token in eos:
