@@ -72,6 +72,51 @@ def test_read_metadata_gives_plain_python_values():
     assert mg.read_metadata(mg.open_reader(FIXTURES / "llama-Q4_K.gguf")) == meta
 
 
+def _gguf_files() -> list[Path]:
+    files = sorted(FIXTURES.glob("*.gguf")) + sorted(
+        (FIXTURES.parent / "tokenizers" / "gguf").glob("*.gguf")
+    )
+    real = _real_file()
+    return files + ([real] if real is not None else [])
+
+
+def test_the_header_reader_reads_what_ggufs_reader_reads():
+    """gguf_header.GGUFHeader against the gguf package's GGUFReader on every fixture (and the
+    real SmolLM2 file where installed): the same metadata values, tensors, types and bytes."""
+    gguf = pytest.importorskip("gguf")
+    for path in _gguf_files():
+        theirs = gguf.GGUFReader(path)
+        ours = mg.open_reader(path)
+        expected = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+        assert ours.metadata == expected and list(ours.metadata) == list(expected), path
+        assert repr(ours.metadata) == repr(expected), path  # and the same types: 1 is not 1.0
+        assert ours.data_offset == theirs.data_offset, path
+        assert len(ours.tensors) == len(theirs.tensors), path
+        for mine, other in zip(ours.tensors, theirs.tensors, strict=True):
+            fields = ("name", "tensor_type", "n_elements", "n_bytes", "data_offset")
+            assert [getattr(mine, f) for f in fields] == [getattr(other, f) for f in fields], path
+            assert mine.shape.tolist() == other.shape.tolist(), (path, mine.name)
+            assert mine.data.dtype == other.data.dtype, (path, mine.name)
+            np.testing.assert_array_equal(mine.data, other.data)
+
+
+@pytest.mark.parametrize(
+    "cut, message",
+    [
+        (lambda raw: raw[:3], "not a GGUF file"),
+        (lambda raw: raw[:4] + (9).to_bytes(4, "little") + raw[8:], "GGUF version 9"),
+        (lambda raw: raw[:8] + (2**60).to_bytes(8, "little") + raw[16:], "more than the file"),
+        (lambda raw: raw[:2000], "runs past the end of the file"),
+    ],
+)
+def test_a_broken_header_is_a_file_format_error(tmp_path, cut, message):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(cut((FIXTURES / "llama-F32.gguf").read_bytes()))
+    with pytest.raises(FileFormatError, match=message) as info:
+        mg.open_reader(path)
+    assert info.value.path == str(path)
+
+
 def test_the_last_files_metadata_is_kept_while_it_is_unchanged(tmp_path, monkeypatch):
     path = tmp_path / "m.gguf"
     MAKE.write_llama(path, metadata={"general.name": "first"})

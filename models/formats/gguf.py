@@ -1,9 +1,11 @@
-"""GGUF files (llama.cpp's format), read through the `gguf` package, llama.cpp's own reader.
+"""GGUF files (llama.cpp's format): a model from one, its metadata and its tensors.
 
 One home for reading GGUF: the metadata as a dict of plain Python values (read_metadata), the
 tensors' infos, and each tensor dequantized to a requested dtype with gguf.quants.dequantize,
-the same code transformers uses. `gguf` is an optional dependency (`pip install glassgrad[gguf]`);
-it is imported only when a GGUF file is read.
+the same code transformers uses. The header itself is read by gguf_header.py (gguf's own
+GGUFReader costs ~170 MB on a real vocabulary). `gguf` is an optional dependency
+(`pip install glassgrad[gguf]`) for the tensor types and their dequantizers; it is imported only
+when a GGUF file is read.
 
 >>> meta = read_metadata("model.gguf")  # doctest: +SKIP
 >>> meta["general.architecture"], len(meta["tokenizer.ggml.tokens"])  # doctest: +SKIP
@@ -22,66 +24,35 @@ import numpy as np
 
 from autograd.quantized import FORMATS, QuantizedWeight, from_blocks
 from models.formats.errors import FileFormatError
+from models.formats.gguf_header import GGUFHeader
+from models.formats.gguf_header import gguf_package as _gguf
 from models.formats.quantized import QuantizedLoading
 
 
-def _gguf() -> Any:
-    """The `gguf` package, or an ImportError that says how to get it."""
-    try:
-        import gguf
-    except ImportError:
-        raise ImportError(
-            "reading a GGUF file needs the gguf package (llama.cpp's reader): "
-            "pip install 'glassgrad[gguf]' (or pip install gguf)"
-        ) from None
-    return gguf
-
-
-def open_reader(path: str | Path) -> Any:
-    """A gguf.GGUFReader over the file (memory-mapped: tensors are read only when used). A file
-    the reader refuses (bad magic, unknown version, truncated) is a FileFormatError."""
+def open_reader(path: str | Path) -> GGUFHeader:
+    """The file's header (models.formats.gguf_header: its metadata and tensor records, the data
+    memory-mapped: tensors are read only when used). A malformed header is a FileFormatError."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
-    gguf = _gguf()
-    try:
-        return gguf.GGUFReader(path)
-    except (ValueError, KeyError, IndexError, OverflowError) as exc:
-        # the reader reports a broken header as one of these; numpy's memmap over a short file
-        # gives ValueError too
-        raise FileFormatError(
-            path, None, f"not a GGUF file the gguf package can read ({exc})"
-        ) from None
+    return GGUFHeader(path)
 
 
-def read_metadata(source: str | Path | Any) -> dict[str, Any]:
+def read_metadata(source: str | Path | GGUFHeader) -> dict[str, Any]:
     """Every key-value pair of a GGUF file's header, in file order, as plain Python values: str,
     int, float, bool, or a list of them (tokenizer.ggml.tokens is a list of str). `source` is a
-    path or an open reader (open_reader). The reader's pseudo-keys for the header's own counts
-    (GGUF.version, GGUF.tensor_count, GGUF.kv_count) are left out.
+    path or an open header (open_reader).
 
-    The last file's metadata is kept while the file is unchanged: gguf's reader takes seconds
-    over a real vocabulary (SmolLM2's 49152 tokens and 48900 merges), and a model, its tokenizer
-    and its config each ask for it."""
-    if hasattr(source, "fields"):
-        reader, path = source, getattr(source.data, "filename", None) or "<reader>"
+    The last file's metadata is kept while the file is unchanged: a model, its tokenizer and its
+    config each ask for it (SmolLM2's 49152 tokens and 48900 merges: ~0.1 s to read)."""
+    if isinstance(source, GGUFHeader):
+        path, meta = source.path, source.metadata
     else:
-        path, reader = Path(source), None
+        path = Path(source)
         if _last_metadata[0] == _identity(path):
             return dict(_last_metadata[1])
-        reader = open_reader(path)
-    # ReaderField.contents() turns the reader's numpy parts into Python values (numpy scalars
-    # become int/float/bool via tolist, strings are decoded as UTF-8: a stranger's may not be)
-    meta = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            meta[key] = field.contents()
-        except (ValueError, IndexError, OverflowError) as exc:  # UnicodeDecodeError included
-            raise FileFormatError(path, key, f"cannot be read ({exc})") from None
-    if path != "<reader>":
-        _last_metadata[:] = [_identity(Path(path)), meta]
+        meta = open_reader(path).metadata
+    _last_metadata[:] = [_identity(path), meta]
     return dict(meta)
 
 
@@ -389,9 +360,6 @@ def load(
     reader = open_reader(path)
     tensors = {t.name: t for t in reader.tensors}
     config = hf_config(read_metadata(reader), set(tensors), path)
-    # The reader keeps every metadata string as numpy arrays of its own (SmolLM2's 49152 tokens
-    # and 48900 merges: ~170 MB); the model needs none of it, so free it before the weights come.
-    reader.fields.clear()
     settings = Llama.config_from_hf(config, str(path))
     hf.check_memory(path, settings.parameter_count(), dtype, max_bytes)  # before allocating
     model = Llama(settings, _NoInit())
