@@ -294,6 +294,40 @@ def test_gguf_blocks_kept_as_the_file_stores_them(fmt):
     assert np.abs(got.data - want.data).max() / np.abs(want.data).max() < 1e-12
 
 
+@pytest.mark.parametrize("source", ["llama-F32.gguf", "llama-Q4_1.gguf", "llama-Q4_K.gguf"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_gguf_tensor_is_quantized_a_group_of_rows_at_a_time(source, fmt, monkeypatch):
+    # the loader never holds a whole dequantized tensor: the same blocks as quantizing it whole
+    from models.formats import gguf as mg
+
+    monkeypatch.setattr(mg, "CHUNK_VALUES", 4 * 64 * 3)  # 3 rows a group: 64 rows in 22 groups
+    tensor = {t.name: t for t in mg.open_reader(FIXTURES / source).tensors}["token_embd.weight"]
+    whole = mg.dequantize(tensor, np.float32)
+    assert whole.shape[0] > 3 * 10
+    got, want = mg.quantize_rows(tensor, fmt), quantize(whole.T, fmt)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got.blocks(), want.blocks())
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "gguf"])
+def test_the_loader_packs_what_a_decode_step_runs_side_by_side(fmt):
+    # q | k | v and gate | up of each block land in one array as they load: a step built on the
+    # model finds the views and copies nothing
+    import models
+    from models.architectures.decoding import side_by_side_groups
+
+    model = models.from_pretrained(FIXTURES / "llama-Q4_1.gguf", quantize=fmt)
+    modules = dict(model.named_modules())
+    groups = side_by_side_groups(model)
+    assert len(groups) == 2 * model.config.n_layer
+    for group in groups:
+        layers = [modules[name] for name in group]
+        base = layers[0].weight.quants.base
+        assert base is not None and all(layer.weight.quants.base is base for layer in layers)
+        fused = nn.QuantizedLinear.side_by_side(layers)
+        assert fused.weight.quants is base  # nothing moved
+
+
 def test_from_pretrained_refuses_an_unknown_quantize():
     import models
 

@@ -135,7 +135,7 @@ def _fused_projections(
     projections = [attn.q_proj, attn.k_proj, attn.v_proj]
     if exact:
         return None
-    if _side_by_side_quantized(projections):
+    if quantized_side_by_side(projections):
         fused = nn.QuantizedLinear.side_by_side(projections)
         return lambda x, out: _product(fused, x, out)
     if any(type(p) is not nn.Linear for p in projections):
@@ -148,7 +148,24 @@ def _fused_projections(
     return lambda x, out: _matmul(weight, bias, x, out)
 
 
-def _side_by_side_quantized(layers: list[nn.Module]) -> bool:
+def side_by_side_groups(model: nn.Module) -> list[list[str]]:
+    """The names of the layers that read the same input, per block (q_proj, k_proj, v_proj;
+    gate, up): what a compiled step runs as one product when they are quantized alike
+    (quantized_side_by_side). The loader packs them side by side as they arrive
+    (models/formats/quantized.py), so that no step has to move them."""
+    names = {id(module): name for name, module in model.named_modules()}
+    groups = []
+    for module in model.modules():
+        if all(hasattr(module, p) for p in ("q_proj", "k_proj", "v_proj")):
+            groups.append(
+                [names[id(module.q_proj)], names[id(module.k_proj)], names[id(module.v_proj)]]
+            )
+        if isinstance(module, nn.GatedMLP):
+            groups.append([names[id(module.c_gate)], names[id(module.c_fc)]])
+    return groups
+
+
+def quantized_side_by_side(layers: list[nn.Module]) -> bool:
     """Whether quantized layers can run as one product (nn.QuantizedLinear.side_by_side): one
     parallel loop instead of several, each of which costs its start (~200 a token), and no
     memory added (the blocks move side by side, the layers keep views). For one row (batch 1)
@@ -332,7 +349,7 @@ class DecodeStep:
         """The MLP of h into attn_out (the buffer the residual add reads)."""
         ffn, gate = self.ffn, self.gate
         side_by_side = isinstance(mlp, nn.GatedMLP) and not self.exact
-        if side_by_side and _side_by_side_quantized([mlp.c_gate, mlp.c_fc]):
+        if side_by_side and quantized_side_by_side([mlp.c_gate, mlp.c_fc]):
             fused = nn.QuantizedLinear.side_by_side([mlp.c_gate, mlp.c_fc])
             gate_up = np.empty((gate.shape[0], 2 * gate.shape[1]), gate.dtype)
 

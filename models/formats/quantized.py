@@ -13,6 +13,7 @@ import numpy as np
 import nn
 from autograd.quantized import FORMATS
 from autograd.quantized import quantize as quantize_weight
+from models.architectures.decoding import quantized_side_by_side, side_by_side_groups
 from models.formats.errors import FileFormatError
 
 QUANTIZE = (*FORMATS, "gguf")  # from_pretrained(quantize=): a block format, or a file's own
@@ -43,6 +44,18 @@ class QuantizedLoading:
             ):
                 self.targets[hf_name] = (module_name, transposed)
         self.loaded: set[str] = set()
+        # layers a compiled decode step runs as one product: packed side by side once all of a
+        # group is quantized, while the next layer's tensors can reuse the memory freed
+        self.group_of = {name: group for group in side_by_side_groups(model) for name in group}
+        self.placed: dict[str, nn.Module] = {}
+
+    def rows_are_outputs(self, hf_name: str) -> bool:
+        """Whether hf_name is a target whose file rows are its outputs (the rows of the blocks):
+        a Linear's weight stored (out, in), as torch does, or the embedding's table."""
+        if hf_name not in self.targets:
+            return False
+        module_name, transposed = self.targets[hf_name]
+        return transposed or isinstance(self.modules[module_name], nn.Embedding)
 
     def take(self, tensors: Iterator[tuple[str, str, Any]]) -> Iterator[tuple[str, str, Any]]:
         """The tensors that are not targets; the targets' weights taken out of the model now."""
@@ -78,6 +91,12 @@ class QuantizedLoading:
             new = nn.QuantizedLinear(array)
             new.bias = module.bias
         nn.module.set_child(self.model, module_name, new)
+        self.placed[module_name] = new
+        group = self.group_of.get(module_name, ())
+        if group and all(name in self.placed for name in group):
+            layers = [self.placed[name] for name in group]
+            if quantized_side_by_side(layers):
+                nn.QuantizedLinear.side_by_side(layers)  # the layers keep views of one array
 
     def check(self, path: Path) -> None:
         """Every target was loaded (a FileFormatError naming the missing ones otherwise)."""
