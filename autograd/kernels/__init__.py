@@ -36,7 +36,8 @@ Each Numba kernel is compiled twice: a serial build for small inputs and a paral
 over Numba's threads) above ``_common.PARALLEL_MIN_WORK`` inner-loop iterations. The first parallel
 call starts the threads with OpenMP's passive wait policy (``start_threads``; spinning workers
 slowed small parallel kernels ~40x on a busy machine). Call ``start_threads()`` yourself before
-``numba.set_num_threads`` or any other parallel Numba code if those run first.
+``numba.set_num_threads`` or any other parallel Numba code if those run first;
+``start_threads(wait="spin")`` (the compiled decode step's choice) lets them poll a short while.
 
 Conventions: inputs are numpy arrays (copied to C-contiguous float32/float64 if needed; companion
 arrays are cast to the dtype of the first one), outputs are new arrays of that dtype, inputs are
