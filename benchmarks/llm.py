@@ -131,15 +131,22 @@ def _peak_rss_mb() -> float:
 def _measure(generate, new: int, reps: int) -> dict:
     """prefill and decode figures of generate(n) -> seconds, after one warm-up call. The garbage
     collector is off while timing, as timeit does: a collection of the compiled step's closures
-    landed in one timed call (30 ms in a 1 ms prefill of the tiny model)."""
+    landed in one timed call (30 ms in a 1 ms prefill of the tiny model). Between the timed
+    calls it collects, untimed (as timeit's repeats let it): otherwise each call's decode step
+    (its closures are reference cycles) would stay, and the peak RSS would count them all (the
+    float32 rows' fused q | k | v copies: 66 MB a call)."""
     generate(2)  # warm-up: Numba's kernels compile, llama.cpp's graphs are built
-    gc.collect()
-    gc.disable()
-    try:
-        prefill = statistics.median(generate(1) for _ in range(reps))
-        total = statistics.median(generate(1 + new) for _ in range(reps))
-    finally:
-        gc.enable()
+
+    def timed(n: int) -> float:
+        gc.collect()
+        gc.disable()
+        try:
+            return generate(n)
+        finally:
+            gc.enable()
+
+    prefill = statistics.median(timed(1) for _ in range(reps))
+    total = statistics.median(timed(1 + new) for _ in range(reps))
     return dict(prefill_s=prefill, decode_tps=_tokens_per_s(new, total, prefill))
 
 
