@@ -125,9 +125,10 @@ def test_each_exact_step_s_logits_equal_eager_s_bit_for_bit_in_float64(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_fused_q_k_v_product_stays_within_rounding_of_eager(family):
+@pytest.mark.parametrize("batch", [2, 1])  # one row: q, k, v are views of the one product
+def test_the_fused_q_k_v_product_stays_within_rounding_of_eager(family, batch):
     model = model_for(family, np.float64)
-    eager, compiled = eager_and_compiled_logits(model, prompt(), BLOCK - 3, exact=False)
+    eager, compiled = eager_and_compiled_logits(model, prompt(batch), BLOCK - 3, exact=False)
     np.testing.assert_allclose(compiled, eager, rtol=1e-12, atol=1e-12)
     if family.startswith("gpt2"):  # c_attn is one product already: nothing is fused
         np.testing.assert_array_equal(compiled, eager)
@@ -256,7 +257,8 @@ def test_past_the_first_rotary_tables_the_step_reads_the_same_angles():
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
 @pytest.mark.parametrize("exact", [True, False])
-def test_a_quantized_model_s_step_equals_its_eager_forward(fmt, exact):
+@pytest.mark.parametrize("batch", [2, 1])  # one row: gate and up are views of the one product
+def test_a_quantized_model_s_step_equals_its_eager_forward(fmt, exact, batch):
     """QuantizedLinear's forward_into and the quantized table's lookup and tied head run the
     same kernels as eager: the logits are eager's bit for bit (float64), fused or exact."""
     autograd.set_default_dtype(np.float64)
@@ -267,7 +269,7 @@ def test_a_quantized_model_s_step_equals_its_eager_forward(fmt, exact):
     )  # fmt: skip
     nn.quantize_linears(model, fmt, tied_embedding=model.transformer.wte)
     assert isinstance(model.transformer.wte, nn.QuantizedEmbedding)
-    eager, compiled = eager_and_compiled_logits(model, prompt(), BLOCK - 3, exact=exact)
+    eager, compiled = eager_and_compiled_logits(model, prompt(batch), BLOCK - 3, exact=exact)
     np.testing.assert_array_equal(compiled, eager)
     tokens = model.generate(prompt(), 6, temperature=0, eos_id=[])
     np.testing.assert_array_equal(

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 import autograd
 from autograd import Tensor, kernels
-from autograd.kernels import _common, attention, embedding, gelu, layernorm, softmax
+from autograd import functional as F
+from autograd.kernels import _common, attention, embedding, gelu, layernorm, rotary, silu, softmax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = ("numpy", "numba")
@@ -632,6 +633,43 @@ def test_gelu_matches_reference(seed, dt, scale):
     gelu._gelu_output(x.size, x.reshape(-1), y_only.reshape(-1), s, a_s)
     gelu._gelu_grads_of_x(x.size, gy.reshape(-1), x.reshape(-1), gx_of_x.reshape(-1), s, a_s, a3_s)
     assert np.array_equal(y_only, y) and np.array_equal(gx_of_x, gx)
+
+
+@given(seeds, dtypes, st.integers(1, 200), st.sampled_from([1.0, 10.0, 1e3]))
+@settings(deadline=None)
+def test_silu_times_is_silu_then_the_product_bit_for_bit(seed, dt, n, scale):
+    # the compiled decode step's silu(gate) * up in one call: eager's two calls' values exactly
+    # (both builds), and the numpy reference's within rounding
+    rng = np.random.default_rng(seed)
+    x, u = ((rng.standard_normal(n) * scale).astype(dt) for _ in range(2))
+    x[: min(n, 3)] = [0.0, -0.0, 1e-8][: min(n, 3)]
+    want = np.empty_like(x)
+    silu._silu_values.serial(x, want)
+    want = want * u
+    for build in (silu._silu_times.serial, silu._silu_times.parallel):
+        y = np.empty_like(x)
+        build(x, u, y)
+        np.testing.assert_array_equal(y, want)
+    assert_close(y, silu.silu_forward_numpy(x) * u, dt, scale * scale)
+
+
+@given(seeds, dtypes, st.integers(1, 12), st.integers(1, 70), st.integers(0, 5000))
+@settings(deadline=None)
+def test_rotary_kernel_gives_the_eager_rotation_bit_for_bit(seed, dt, rows, half, position):
+    # the compiled decode step rotates a new position's heads in place with kernels.rotary: the
+    # values of its reference and of eager's F.apply_rotary at that position, in both builds
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, 2 * half)) * rng.choice([1.0, 1e3], (rows, 1))).astype(dt)
+    x[0, 0] = 0.0
+    cos_table, sin_table = F.rotary_tables(position + 1, 2 * half)
+    cos, sin = cos_table[position].astype(dt), sin_table[position].astype(dt)
+    want = rotary.rotate_numpy(x, cos, sin)
+    eager = F.apply_rotary(Tensor(x[None, :, None, :], dtype=dt), cos_table, sin_table, position)
+    np.testing.assert_array_equal(eager.data[0, :, 0], want)
+    for build in (rotary._rotate_rows.serial, rotary._rotate_rows.parallel):
+        got = x.copy()
+        build(got, cos, sin)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_every_kernel_is_in_the_one_table():

@@ -49,6 +49,12 @@ from .softmax import _max
 # block edges on small inputs); measured in docs/kernels.md.
 BLOCK_Q = 64
 
+# Up to this many query rows per K/V head, attention without a mask to apply (Tq = 1, or not
+# causal) runs as one fused pass per row (_attend_all_keys), not as blocked BLAS products: a
+# decoded token's heads (SmolLM2: 3 per K/V head; GPT-2: 1). More rows share each key read
+# better in BLAS.
+ONE_PASS_ROWS = 8
+
 
 def _check(kernel, q, k, v, causal):
     q = float_array(q, kernel, "q")
@@ -227,6 +233,47 @@ def _row_dots(a, b, out):
         out[r] = total
 
 
+@Kernel
+def _attend_all_keys(q, keys, values, length, scale, o, lse, scores):
+    """Query rows that may each read every one of keys 0:length (KV-cache decoding, and any
+    attention without a causal mask): per row the scores, softmax and P v in one pass, with no
+    BLAS call and no (rows, Tk) array between them.
+
+    q and o are (n, rows, D): the rows that read K/V head n (its query heads' rows side by side),
+    keys and values (n, capacity, D) of which the first length positions are read (a KV cache's
+    arrays as they are), lse (n, rows), scores a scratch of (n * rows, >= length). For a few rows
+    (decoding a token) a BLAS product of 64-wide rows costs more in its call than in its work:
+    SmolLM2's 3 query heads per K/V head over 150 cached positions took ~40 us a layer in the
+    blocked path's two np.matmul calls and softmax pass, 14 us here.
+    """
+    rows, group, d_head = q.shape
+    for r in prange(rows):  # per K/V head: each key and value row is read once for its group
+        block = scores[r * group : (r + 1) * group]
+        for j in range(length):
+            for g in range(group):
+                s = q.dtype.type(0.0)
+                for c in range(d_head):
+                    s += q[r, g, c] * keys[r, j, c]
+                block[g, j] = s
+        inv = np.empty(group, q.dtype)
+        for g in range(group):
+            row = block[g, :length]
+            m = _max(row)
+            total = q.dtype.type(0.0)
+            for j in range(length):
+                e = exp((row[j] - m) * scale)  # as _probs_forward: the scaled row's max is m*scale
+                row[j] = e
+                total += e
+            inv[g] = q.dtype.type(1.0) / total
+            lse[r, g] = m * scale + np.log(total)
+        o[r] = 0
+        for j in range(length):
+            for g in range(group):
+                p = block[g, j] * inv[g]
+                for c in range(d_head):
+                    o[r, g, c] += p * values[r, j, c]
+
+
 def _scale(q):
     """1 / sqrt(D) as a scalar of q's dtype, so that float32 kernels compute in float32."""
     return q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
@@ -281,6 +328,15 @@ def attention_forward_numba(q, k, v, causal=True):
     oh = _heads(o)
     lse = np.empty((n_heads, tq), q.dtype)
     scale = _scale(q)
+    rows = n_heads // n_kv * tq  # query rows per K/V head
+    if (tq == 1 or not causal) and rows <= ONE_PASS_ROWS:  # every row reads every key
+        grouped = (n_kv, rows, q.shape[-1])  # a K/V head's query heads' rows, C-contiguous
+        scores = np.empty((n_heads * tq, tk), q.dtype)
+        o_rows, lse_rows = oh.reshape(grouped), lse.reshape(grouped[:2])
+        _attend_all_keys(
+            q.size * tk, qh.reshape(grouped), kh, vh, tk, scale, o_rows, lse_rows, scores
+        )
+        return o, lse.reshape(q.shape[:3])
     buffer = np.empty(n_heads * min(BLOCK_Q, tq) * tk, q.dtype)
     kT, vg = _transposed(kh, tq)[:, None], vh[:, None]  # broadcast over each group
     qg, og = _grouped(qh, n_kv), _grouped(oh, n_kv)

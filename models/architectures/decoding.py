@@ -7,29 +7,29 @@ work itself is a handful of matrix-vector products whose cost is reading the wei
 135M model's 540 MB (float32) per token. DecodeStep walks the model once and keeps
 
     x (B, C)          the residual stream      h (B, C)          a norm's output
-    q (B, H, D)       the queries (and k, v for Llama; GPT-2's c_attn writes q | k | v at once)
+    q, k, v (B, n, D) a layer's heads (views of its one q | k | v product at batch 1)
     o (B, H, D)       the heads' outputs       ffn (B, FFN)      the MLP's hidden units
     logits (B, V)     the head's output
 
 and the caches' own arrays (nn.LayerKVCache, (B, Hkv, capacity, D) per layer), then replays, per
-token, the very calls eager makes on operands of the same shapes and layout:
+token, the calls eager makes on operands of the same shapes and layout:
 
-| eager op                        | the step                                              |
-|---------------------------------|-------------------------------------------------------|
-| embedding (+ learned positions) | np.take(out=), np.add(out=)                           |
-| LayerNorm, RMSNorm              | the Numba row kernel eager's op runs, into h          |
-| Linear                          | np.matmul(out=), bias in place (or forward_into)      |
-| rotary (one position)           | F.apply_rotary's products and sums, with out=         |
-| KV cache append                 | k, v written into the cache at the position           |
-| attention over the cache        | kernels.attention_forward_numba's calls, cache views  |
-| GELU (tanh), SiLU, gate * up    | the Numba kernels into out, np.multiply(out=)         |
-| residual adds                   | np.add(out=) in place                                 |
+| eager op                        | the step                                                  |
+|---------------------------------|-----------------------------------------------------------|
+| embedding (+ learned positions) | np.take(out=), np.add(out=)                               |
+| LayerNorm, RMSNorm              | the Numba row kernel eager's op runs, into h              |
+| Linear                          | np.matmul(out=), bias in place (or forward_into)          |
+| rotary (one position)           | kernels.rotary's pass, in place (F.apply_rotary's values) |
+| KV cache append                 | k, v written into the cache at the position               |
+| attention over the cache        | attention_forward_numba's one pass per query row          |
+| GELU (tanh), SiLU, gate * up    | the Numba kernels into out (silu(gate) * up in one call)  |
+| residual adds                   | np.add(out=) in place                                     |
 
 With exact=True the logits equal eager's bit for bit in float32 and float64 (with the default
 Numba kernels; GLASSGRAD_KERNELS=numpy makes eager run the numpy references, which sum in other
 orders). By default products that read the same input run as one: a Llama layer's q_proj,
 k_proj, v_proj (_fused_projections) and, for quantized layers, gate_proj and up_proj
-(_side_by_side_quantized); the same tokens, the logits within rounding (docs/decoding.md).
+(quantized_side_by_side); the same tokens, the logits within rounding (docs/decoding.md).
 
 A Linear-like module plugs in by its product into a buffer: `nn.Linear` runs np.matmul on its
 weight; any other module offering `forward_into(x, out)` (x (rows, in), out (rows, out), both
@@ -51,7 +51,7 @@ import numpy as np
 
 import nn
 from autograd import Tensor, no_grad
-from autograd.kernels import attention, gelu, layernorm, silu, start_threads
+from autograd.kernels import attention, gelu, layernorm, rotary, silu, start_threads
 
 Step = Callable[[], None]
 
@@ -176,6 +176,15 @@ def quantized_side_by_side(layers: list[nn.Module]) -> bool:
     )
 
 
+def _split_heads(qkv: np.ndarray, heads: list[int], head_dim: int) -> tuple[np.ndarray, ...]:
+    """Views (B, n, D) of qkv's column blocks of n * D columns each (q | k | v)."""
+    batch, views, start = qkv.shape[0], [], 0
+    for n in heads:
+        views.append(qkv[:, start : start + n * head_dim].reshape(batch, n, head_dim))
+        start += n * head_dim
+    return tuple(views)
+
+
 class DecodeStep:
     """`step(tokens)`: the logits (B, V) of the next position after the cached ones, for tokens
     (B,) at that position; appends their keys and values to `caches` (which prefill filled, e.g.
@@ -206,8 +215,7 @@ class DecodeStep:
         self.position = 0  # the position of the token being decoded (= its cache slot)
         self.x = np.empty((batch, c.n_embd), dtype)
         self.h = np.empty_like(self.x)
-        self.q = np.empty((batch, heads, head_dim), dtype)
-        self.o = np.empty_like(self.q)
+        self.o = np.empty((batch, heads, head_dim), dtype)  # the heads' outputs
         self.ffn = np.empty((batch, c.ffn_hidden), dtype)
         self.gate = np.empty_like(self.ffn)
         self.branch = np.empty_like(self.x)  # a residual branch's output: attention's, the MLP's
@@ -266,29 +274,10 @@ class DecodeStep:
         return embed
 
     def _rotation_tables(self, body: nn.Module, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
-        """(cos | sin, sin | cos) per position, (capacity, 2, D / 2): the tables eager's rotary
-        reads (RotaryPositions.tables), cast to the model's dtype as F.apply_rotary casts them."""
+        """cos, sin per position, (capacity, D / 2): the tables eager's rotary reads
+        (RotaryPositions.tables), cast to the model's dtype as F.apply_rotary casts them."""
         cos, sin = _block_parts(body.h[0])[1].rotary.tables(self.capacity)
-        cos, sin = cos[: self.capacity].astype(dtype), sin[: self.capacity].astype(dtype)
-        return np.stack([cos, sin], axis=1), np.stack([sin, cos], axis=1)
-
-    def _rotate(self, heads: int) -> Step:
-        """x (B, heads, D) -> x rotated for self.position in place (F.apply_rotary's arithmetic:
-        y1 = x1 cos - x2 sin, y2 = x1 sin + x2 cos, each product and sum rounded as numpy's)."""
-        cos_sin, sin_cos = self.rotation
-        half = cos_sin.shape[-1]
-        batch = self.x.shape[0]
-        products = np.empty((2, batch, heads, 2, half), cos_sin.dtype)
-
-        def rotate(x: np.ndarray) -> None:
-            pairs = x.reshape(batch, heads, 2, half)  # (x1, x2)
-            p = self.position
-            np.multiply(pairs, cos_sin[p], out=products[0])  # (x1 cos, x2 sin)
-            np.multiply(pairs, sin_cos[p], out=products[1])  # (x1 sin, x2 cos)
-            np.subtract(products[0, ..., 0, :], products[0, ..., 1, :], out=pairs[..., 0, :])
-            np.add(products[1, ..., 0, :], products[1, ..., 1, :], out=pairs[..., 1, :])
-
-        return rotate
+        return cos[: self.capacity].astype(dtype), sin[: self.capacity].astype(dtype)
 
     def _attention(self, attn: nn.Module, cache: nn.LayerKVCache, width: int) -> list[Step]:
         if attn.probe is not None or attn.score_scale is not None:
@@ -297,87 +286,100 @@ class DecodeStep:
                 "score_scale (models/lab) or generate with compiled=False"
             )
         batch, kv_heads, _, head_dim = cache.k.shape
-        kv_width = kv_heads * head_dim
-        q2, steps = self.q.reshape(batch, width), []
-        k = np.empty((batch, kv_heads, head_dim), self.q.dtype)
-        v = np.empty_like(k)
-        qkv = np.empty((batch, width + 2 * kv_width), self.q.dtype)
+        heads, dtype = self.o.shape[1], self.o.dtype
+        counts, kv_width = [heads, kv_heads, kv_heads], kv_heads * head_dim
         fused = _fused_projections(attn, self.exact)
-        if fused is not None:  # W_Q | W_K | W_V, one product, then split
-            steps.append(fused(self.h, qkv))
-
-            def split() -> None:
-                np.copyto(q2, qkv[:, :width])
-                np.copyto(k.reshape(batch, kv_width), qkv[:, width : width + kv_width])
-                np.copyto(v.reshape(batch, kv_width), qkv[:, width + kv_width :])
-
-            steps.append(split)
+        if fused is not None:  # W_Q | W_K | W_V, one product
+            qkv = np.empty((batch, width + 2 * kv_width), dtype)
+            steps = [fused(self.h, qkv)]
+            q, k, v = views = _split_heads(qkv, counts, head_dim)
+            if batch > 1:  # qkv's column blocks are then not whole rows of q, k, v: copy them
+                q, k, v = copies = [np.empty_like(view) for view in views]
+                steps.append(
+                    lambda: [np.copyto(c, view) for c, view in zip(copies, views, strict=True)]
+                )
         else:  # three Linear-like modules, each its own product
-            steps.append(_product(attn.q_proj, self.h, q2))
-            steps.append(_product(attn.k_proj, self.h, k.reshape(batch, kv_width)))
-            steps.append(_product(attn.v_proj, self.h, v.reshape(batch, kv_width)))
-        rotate_q = rotate_k = None
-        if self.rotation is not None:
-            rotate_q, rotate_k = self._rotate(self.q.shape[1]), self._rotate(kv_heads)
-        # kernels.attention_forward_numba with q as (B * Hkv, group, D) query rows per K/V head
-        # (eager's grouped_attention; group 1 is GPT-2's multi-head case: its causal row reads
-        # every cached key, as here)
+            q, k, v = (np.empty((batch, n, head_dim), dtype) for n in counts)
+            steps = [
+                _product(attn.q_proj, self.h, q.reshape(batch, width)),
+                _product(attn.k_proj, self.h, k.reshape(batch, kv_width)),
+                _product(attn.v_proj, self.h, v.reshape(batch, kv_width)),
+            ]
+        # the new position's heads as rows, for the rotation
+        q_rows, k_rows = q.reshape(batch * heads, head_dim), k.reshape(batch * kv_heads, head_dim)
+        # attention_forward_numba's one pass per query row (as eager's call for one position), q as
+        # (B * Hkv, group, D) query rows per K/V head (grouped-query attention; group 1 is
+        # GPT-2's multi-head case) over the cache's own arrays
         rows = batch * kv_heads
-        queries = self.q.reshape(rows, 1, self.group, head_dim)
-        outputs = self.o.reshape(rows, 1, self.group, head_dim)
+        queries = q.reshape(rows, self.group, head_dim)
+        outputs = self.o.reshape(rows, self.group, head_dim)
         keys, values = (a.reshape(rows, self.capacity, head_dim) for a in (cache.k, cache.v))
-        scale = attention._scale(self.q)
+        scores = self.scores.reshape(rows * self.group, self.capacity)
+        scale = attention._scale(q)
 
         def attend() -> None:
             p, length = self.position, self.position + 1
-            if rotate_q is not None:
-                rotate_q(self.q)
-                rotate_k(k)
+            if self.rotation is not None:  # F.apply_rotary's values for position p
+                cos, sin = self.rotation[0][p], self.rotation[1][p]
+                rotary._rotate_rows(q_rows.size, q_rows, cos, sin)
+                rotary._rotate_rows(k_rows.size, k_rows, cos, sin)
             cache.k[:, :, p] = k  # the cache's append
             cache.v[:, :, p] = v
-            keys_t = attention._transposed(keys[:, :length], self.group)[:, None]
-            scores = self.scores[: rows * self.group * length].reshape(rows, self.group, length)
-            np.matmul(queries, keys_t, out=scores[:, None])
-            attention._probs_forward(scores.size, scores, scale, False, 0, self.lse, 0)
-            np.matmul(scores[:, None], values[:, None, :length], out=outputs)
+            attention._attend_all_keys(
+                queries.size * length,
+                queries,
+                keys,
+                values,
+                length,
+                scale,
+                outputs,
+                self.lse,
+                scores,
+            )
 
         steps.append(attend)
         steps.append(_product(attn.c_proj, self.o.reshape(batch, width), self.branch))
         return steps
 
     def _mlp(self, mlp: nn.Module) -> list[Step]:
-        """The MLP of h into attn_out (the buffer the residual add reads)."""
+        """The MLP of h into self.branch (the buffer the residual add reads)."""
         ffn, gate = self.ffn, self.gate
         side_by_side = isinstance(mlp, nn.GatedMLP) and not self.exact
         if side_by_side and quantized_side_by_side([mlp.c_gate, mlp.c_fc]):
             fused = nn.QuantizedLinear.side_by_side([mlp.c_gate, mlp.c_fc])
-            gate_up = np.empty((gate.shape[0], 2 * gate.shape[1]), gate.dtype)
+            batch, hidden = gate.shape
+            gate_up = np.empty((batch, 2 * hidden), gate.dtype)
+            steps = [_product(fused, self.h, gate_up)]
+            if batch == 1:  # gate and up are the halves of gate_up's one row
+                gate, up = gate_up[0, :hidden], gate_up[0, hidden:]
+            else:
+                up = np.empty_like(gate)
 
-            def split() -> None:
-                np.copyto(gate, gate_up[:, : gate.shape[1]])
-                np.copyto(ffn, gate_up[:, gate.shape[1] :])
+                def split() -> None:
+                    np.copyto(gate, gate_up[:, :hidden])
+                    np.copyto(up, gate_up[:, hidden:])
 
-            return [
-                _product(fused, self.h, gate_up),
-                split,
-                lambda: silu._silu_values(gate.size, gate.reshape(-1), gate.reshape(-1)),
-                lambda: np.multiply(gate, ffn, out=ffn),
-                _product(mlp.c_proj, ffn, self.branch),
-            ]
+                steps.append(split)
+            flat = (gate.reshape(-1), up.reshape(-1), ffn.reshape(-1))
+            steps.append(lambda: silu._silu_times(gate.size, *flat))
+            steps.append(_product(mlp.c_proj, ffn, self.branch))
+            return steps
         if isinstance(mlp, nn.GatedMLP):  # c_proj(silu(h W_gate) * (h W_up))
+            up = np.empty_like(ffn)
+            flat = (gate.reshape(-1), up.reshape(-1), ffn.reshape(-1))
             return [
                 _product(mlp.c_gate, self.h, gate),
-                lambda: silu._silu_values(gate.size, gate.reshape(-1), gate.reshape(-1)),
-                _product(mlp.c_fc, self.h, ffn),
-                lambda: np.multiply(gate, ffn, out=ffn),
+                _product(mlp.c_fc, self.h, up),
+                lambda: silu._silu_times(gate.size, *flat),
                 _product(mlp.c_proj, ffn, self.branch),
             ]
         if isinstance(mlp, nn.MLP) and mlp.gelu.approximate == "tanh":  # c_proj(gelu(h W1 + b1))
             s, a_s, _ = gelu.constants(ffn.dtype)
-            flat = ffn.reshape(-1)
+            pre = np.empty_like(ffn)  # not in place: see silu._silu_times
+            flat = (pre.reshape(-1), ffn.reshape(-1))
             return [
-                _product(mlp.c_fc, self.h, ffn),
-                lambda: gelu._gelu_output(flat.size, flat, flat, s, a_s),
+                _product(mlp.c_fc, self.h, pre),
+                lambda: gelu._gelu_output(pre.size, *flat, s, a_s),
                 _product(mlp.c_proj, ffn, self.branch),
             ]
         raise TypeError(f"compiled decoding: no step for the MLP {mlp!r}")
