@@ -130,8 +130,8 @@ def test_the_fused_q_k_v_product_stays_within_rounding_of_eager(family, batch):
     model = model_for(family, np.float64)
     eager, compiled = eager_and_compiled_logits(model, prompt(batch), BLOCK - 3, exact=False)
     np.testing.assert_allclose(compiled, eager, rtol=1e-12, atol=1e-12)
-    if family.startswith("gpt2"):  # c_attn is one product already: nothing is fused
-        np.testing.assert_array_equal(compiled, eager)
+    if family.startswith("gpt2") and batch > 1:  # c_attn is one product already: nothing is
+        np.testing.assert_array_equal(compiled, eager)  # fused (one row: kernels.matvec's sums)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -18,7 +18,17 @@ from hypothesis import strategies as st
 import autograd
 from autograd import Tensor, kernels
 from autograd import functional as F
-from autograd.kernels import _common, attention, embedding, gelu, layernorm, rotary, silu, softmax
+from autograd.kernels import (
+    _common,
+    attention,
+    embedding,
+    gelu,
+    layernorm,
+    matvec,
+    rotary,
+    silu,
+    softmax,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = ("numpy", "numba")
@@ -670,6 +680,32 @@ def test_rotary_kernel_gives_the_eager_rotation_bit_for_bit(seed, dt, rows, half
         got = x.copy()
         build(got, cos, sin)
         np.testing.assert_array_equal(got, want)
+
+
+@given(seeds, dtypes, st.integers(1, 70), st.integers(1, 70), st.integers(1, 4))
+@settings(deadline=None)
+def test_matvec_kernels_match_their_references(seed, dt, n_in, n_out, blocks):
+    # the compiled decode step's products on Numba's threads: any number of row blocks (rows
+    # not a multiple of the 8 summed at once, more blocks than rows), both builds
+    rng = np.random.default_rng(seed)
+    scale = rng.choice([1.0, 1e3])
+    x = (rng.standard_normal(n_in) * scale).astype(dt)
+    w, w_rows = (rng.standard_normal(shape).astype(dt) for shape in ((n_in, n_out), (n_out, n_in)))
+    x[0] = 0.0
+    tol = scale * np.sqrt(n_in)
+    for build in ("serial", "parallel"):
+        out, out_rows = np.full(n_out, np.nan, dt), np.full(n_out, np.nan, dt)
+        getattr(matvec._x_times_w, build)(x, w, blocks, out)
+        getattr(matvec._w_rows_times_x, build)(w_rows, x, out_rows)
+        assert_close(out, matvec.matvec_numpy(x, w), dt, tol)
+        assert_close(out_rows, matvec.rows_matvec_numpy(w_rows, x), dt, tol)
+    out = np.empty(n_out, dt)
+    matvec.matvec_into(x, w, out)  # blocks: one per Numba thread
+    assert_close(out, matvec.matvec_numpy(x, w), dt, tol)
+    with pytest.raises(ValueError, match=r"matvec: .* got x .*, w float32 .*, out"):
+        matvec.matvec_into(x.astype(np.float64), w.astype(np.float32), out)
+    with pytest.raises(ValueError, match=r"rows_matvec: .*w \(m, n\)"):
+        matvec.rows_matvec_into(w, x, np.empty(n_out + 1, dt))
 
 
 def test_every_kernel_is_in_the_one_table():

@@ -51,27 +51,41 @@ import numpy as np
 
 import nn
 from autograd import Tensor, no_grad
-from autograd.kernels import attention, gelu, layernorm, rotary, silu, start_threads
+from autograd.kernels import attention, gelu, layernorm, matvec, rotary, silu, start_threads
 
 Step = Callable[[], None]
 
 
-def _matmul(weight: np.ndarray, bias: np.ndarray | None, x: np.ndarray, out: np.ndarray) -> Step:
-    """out = x @ weight + bias as F.linear's forward makes it: the product, then the bias."""
+def _matmul(
+    weight: np.ndarray, bias: np.ndarray | None, x: np.ndarray, out: np.ndarray, blocks: int | None
+) -> Step:
+    """out = x @ weight + bias as F.linear's forward makes it: the product, then the bias. With
+    blocks (one row of x, a C-contiguous weight), the product is kernels.matvec's on Numba's
+    threads, its rows summed in that many blocks; otherwise numpy's (BLAS)."""
+    if blocks and x.shape[0] == 1 and weight.flags.c_contiguous:
+        x_row, out_row = x[0], out[0]
 
-    def product() -> None:
+        def product() -> None:
+            matvec.matvec_into(x_row, weight, out_row, blocks)
+            if bias is not None:
+                np.add(out, bias, out=out)
+
+        return product
+
+    def blas_product() -> None:
         np.matmul(x, weight, out=out)
         if bias is not None:
             np.add(out, bias, out=out)
 
-    return product
+    return blas_product
 
 
-def _product(linear: nn.Module, x: np.ndarray, out: np.ndarray) -> Step:
-    """out = linear(x) as one call (see the module docstring for what a module may offer)."""
+def _product(linear: nn.Module, x: np.ndarray, out: np.ndarray, blocks: int | None) -> Step:
+    """out = linear(x) as one call (see the module docstring for what a module may offer);
+    blocks: see _matmul."""
     if type(linear) is nn.Linear:
         bias = None if linear.bias is None else linear.bias.data
-        return _matmul(linear.weight.data, bias, x, out)
+        return _matmul(linear.weight.data, bias, x, out, blocks)
     forward_into = getattr(linear, "forward_into", None)
     if forward_into is not None:
         return lambda: forward_into(x, out)
@@ -119,7 +133,7 @@ def _block_parts(block: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module, nn.
 
 
 def _fused_projections(
-    attn: nn.Module, exact: bool
+    attn: nn.Module, exact: bool, blocks: int | None
 ) -> Callable[[np.ndarray, np.ndarray], Step] | None:
     """The product x -> q | k | v as one call, or None: GPT-2's c_attn as it is; Llama's q_proj,
     k_proj, v_proj when all three are plain nn.Linears (alike in bias), their weights copied once
@@ -131,13 +145,13 @@ def _fused_projections(
     block's edge otherwise than in the three narrower products (1.8e-15 apart seen in float64 on
     widths 24 | 12 | 12; SmolLM2's 576 | 192 | 192 gave the same tokens)."""
     if hasattr(attn, "c_attn"):
-        return lambda x, out: _product(attn.c_attn, x, out)
+        return lambda x, out: _product(attn.c_attn, x, out, blocks)
     projections = [attn.q_proj, attn.k_proj, attn.v_proj]
     if exact:
         return None
     if quantized_side_by_side(projections):
         fused = nn.QuantizedLinear.side_by_side(projections)
-        return lambda x, out: _product(fused, x, out)
+        return lambda x, out: _product(fused, x, out, blocks)
     if any(type(p) is not nn.Linear for p in projections):
         return None
     biases = [p.bias for p in projections]
@@ -145,7 +159,7 @@ def _fused_projections(
         return None
     weight = np.concatenate([p.weight.data for p in projections], axis=1)
     bias = None if biases[0] is None else np.concatenate([b.data for b in biases])
-    return lambda x, out: _matmul(weight, bias, x, out)
+    return lambda x, out: _matmul(weight, bias, x, out, blocks)
 
 
 def side_by_side_groups(model: nn.Module) -> list[list[str]]:
@@ -210,6 +224,10 @@ class DecodeStep:
         # a token is ~200 short parallel loops back to back: let Numba's workers poll between
         # them rather than sleep (if nothing started them yet; see start_threads)
         start_threads(wait="spin")
+        # one row on two threads or more: a Linear's product and a tied head run on Numba's
+        # threads (kernels.matvec), split in one block of rows per thread; exact: eager's BLAS
+        threads = matvec.numba_threads()
+        self.blocks = threads if batch == 1 and threads >= 2 and not exact else None
         heads, width = c.n_head, c.n_head * c.head_dim
         self.tokens = np.zeros(batch, np.int64)
         self.position = 0  # the position of the token being decoded (= its cache slot)
@@ -239,9 +257,13 @@ class DecodeStep:
             self.steps.append(lambda: body.wte.attend_into(self.h, self.logits))
         elif c.tie_word_embeddings:  # logits = h @ wte^T (notes 9.4), as eager's nn.linear
             wte = body.wte.weight.data
-            self.steps.append(lambda: np.matmul(self.h, wte.T, out=self.logits))
+            if self.blocks and wte.flags.c_contiguous:
+                h_row, logits_row = self.h[0], self.logits[0]
+                self.steps.append(lambda: matvec.rows_matvec_into(wte, h_row, logits_row))
+            else:
+                self.steps.append(lambda: np.matmul(self.h, wte.T, out=self.logits))
         else:
-            self.steps.append(_product(model.lm_head, self.h, self.logits))
+            self.steps.append(_product(model.lm_head, self.h, self.logits, self.blocks))
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         position = self.caches[0].length
@@ -288,7 +310,7 @@ class DecodeStep:
         batch, kv_heads, _, head_dim = cache.k.shape
         heads, dtype = self.o.shape[1], self.o.dtype
         counts, kv_width = [heads, kv_heads, kv_heads], kv_heads * head_dim
-        fused = _fused_projections(attn, self.exact)
+        fused = _fused_projections(attn, self.exact, self.blocks)
         if fused is not None:  # W_Q | W_K | W_V, one product
             qkv = np.empty((batch, width + 2 * kv_width), dtype)
             steps = [fused(self.h, qkv)]
@@ -301,9 +323,9 @@ class DecodeStep:
         else:  # three Linear-like modules, each its own product
             q, k, v = (np.empty((batch, n, head_dim), dtype) for n in counts)
             steps = [
-                _product(attn.q_proj, self.h, q.reshape(batch, width)),
-                _product(attn.k_proj, self.h, k.reshape(batch, kv_width)),
-                _product(attn.v_proj, self.h, v.reshape(batch, kv_width)),
+                _product(attn.q_proj, self.h, q.reshape(batch, width), self.blocks),
+                _product(attn.k_proj, self.h, k.reshape(batch, kv_width), self.blocks),
+                _product(attn.v_proj, self.h, v.reshape(batch, kv_width), self.blocks),
             ]
         # the new position's heads as rows, for the rotation
         q_rows, k_rows = q.reshape(batch * heads, head_dim), k.reshape(batch * kv_heads, head_dim)
@@ -338,7 +360,7 @@ class DecodeStep:
             )
 
         steps.append(attend)
-        steps.append(_product(attn.c_proj, self.o.reshape(batch, width), self.branch))
+        steps.append(_product(attn.c_proj, self.o.reshape(batch, width), self.branch, self.blocks))
         return steps
 
     def _mlp(self, mlp: nn.Module) -> list[Step]:
@@ -349,7 +371,7 @@ class DecodeStep:
             fused = nn.QuantizedLinear.side_by_side([mlp.c_gate, mlp.c_fc])
             batch, hidden = gate.shape
             gate_up = np.empty((batch, 2 * hidden), gate.dtype)
-            steps = [_product(fused, self.h, gate_up)]
+            steps = [_product(fused, self.h, gate_up, self.blocks)]
             if batch == 1:  # gate and up are the halves of gate_up's one row
                 gate, up = gate_up[0, :hidden], gate_up[0, hidden:]
             else:
@@ -362,24 +384,24 @@ class DecodeStep:
                 steps.append(split)
             flat = (gate.reshape(-1), up.reshape(-1), ffn.reshape(-1))
             steps.append(lambda: silu._silu_times(gate.size, *flat))
-            steps.append(_product(mlp.c_proj, ffn, self.branch))
+            steps.append(_product(mlp.c_proj, ffn, self.branch, self.blocks))
             return steps
         if isinstance(mlp, nn.GatedMLP):  # c_proj(silu(h W_gate) * (h W_up))
             up = np.empty_like(ffn)
             flat = (gate.reshape(-1), up.reshape(-1), ffn.reshape(-1))
             return [
-                _product(mlp.c_gate, self.h, gate),
-                _product(mlp.c_fc, self.h, up),
+                _product(mlp.c_gate, self.h, gate, self.blocks),
+                _product(mlp.c_fc, self.h, up, self.blocks),
                 lambda: silu._silu_times(gate.size, *flat),
-                _product(mlp.c_proj, ffn, self.branch),
+                _product(mlp.c_proj, ffn, self.branch, self.blocks),
             ]
         if isinstance(mlp, nn.MLP) and mlp.gelu.approximate == "tanh":  # c_proj(gelu(h W1 + b1))
             s, a_s, _ = gelu.constants(ffn.dtype)
             pre = np.empty_like(ffn)  # not in place: see silu._silu_times
             flat = (pre.reshape(-1), ffn.reshape(-1))
             return [
-                _product(mlp.c_fc, self.h, pre),
+                _product(mlp.c_fc, self.h, pre, self.blocks),
                 lambda: gelu._gelu_output(pre.size, *flat, s, a_s),
-                _product(mlp.c_proj, ffn, self.branch),
+                _product(mlp.c_proj, ffn, self.branch, self.blocks),
             ]
         raise TypeError(f"compiled decoding: no step for the MLP {mlp!r}")
