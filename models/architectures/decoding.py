@@ -347,17 +347,11 @@ class DecodeStep:
                 rotary._rotate_rows(k_rows.size, k_rows, cos, sin)
             cache.k[:, :, p] = k  # the cache's append
             cache.v[:, :, p] = v
-            attention._attend_all_keys(
-                queries.size * length,
-                queries,
-                keys,
-                values,
-                length,
-                scale,
-                outputs,
-                self.lse,
-                scores,
-            )
+            args = (queries, keys, values, length, scale, outputs, self.lse, scores)
+            if self.blocks:  # polling threads: a parallel loop costs microseconds, not ~50
+                attention._attend_all_keys.parallel(*args)
+            else:
+                attention._attend_all_keys(queries.size * length, *args)
 
         steps.append(attend)
         steps.append(_product(attn.c_proj, self.o.reshape(batch, width), self.branch, self.blocks))
