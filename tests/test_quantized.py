@@ -103,7 +103,10 @@ def test_kernels_match_the_reference(fmt, dtype, rows, build, monkeypatch):
     from autograd.kernels import _common
 
     monkeypatch.setattr(_common, "PARALLEL_MIN_WORK", 2**62 if build == "serial" else 0)
-    monkeypatch.setattr(K, "TILE_ROWS", 128)  # 300 outputs: two whole tiles and a part
+    # 300 outputs in tiles of 128 rows (x of 40 rows: two whole tiles and a part) or, for fewer
+    # than FEW_ROWS rows of x, of 32 (3 rows: nine and a part)
+    monkeypatch.setattr(K, "TILE_ROWS", 128)
+    monkeypatch.setattr(K, "FEW_ROWS", 32)
     rng = np.random.default_rng(3)
     q = quantize(awkward_weight(rng, 96, 300), fmt)
     x = rng.standard_normal((rows, 96)).astype(dtype)
