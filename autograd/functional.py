@@ -219,25 +219,28 @@ class Rotary(Op):
     def backward_reads(self, c):  # its angle tables only
         return ()
 
-    # compiled: the same products and sums as _rotate's, into the output / gradient buffer (no
-    # concatenate, no temporaries but one half-width scratch)
+    # compiled: _rotate's products and sums (the same rounding) into the output / gradient
+    # buffer: kernels.rotary's one Numba pass over (B, H, T, D) heads, or numpy ufuncs with one
+    # half-width scratch (no concatenate)
     def compiled_forward(self, c):
         vals, x, out = c.vals, c.inputs[0].id, c.out
-        cos, sin = c.params["cos"], c.params["sin"]
-        scratch = c.scratch((*out.shape[:-1], out.shape[-1] // 2), out.dtype)
-        return (lambda: _rotate_into(vals[x], cos, sin, out, scratch)), "numpy ufuncs into out"
+        return self._compiled_rotation(c, lambda: vals[x], c.params["sin"], out)
 
     def compiled_backward(self, c):  # the inverse rotation (angle -p w_r), as backward's
-        g, cos, neg_sin = c.g, c.params["cos"], -c.params["sin"]
         gx, then = c.grad(0)
-        scratch = c.scratch((*g.shape[:-1], g.shape[-1] // 2), g.dtype)
+        g = c.g
+        rotate, note = self._compiled_rotation(c, lambda: g, -c.params["sin"], gx)
+        return c.then(rotate, then), note + " into the gradient buffer"
 
-        def run() -> None:
-            _rotate_into(g, cos, neg_sin, gx, scratch)
-            if then is not None:
-                then()
+    @staticmethod
+    def _compiled_rotation(c, source, sin, out):
+        cos = c.params["cos"]
+        if c.numba and out.ndim == 4 and cos.ndim == 2:
+            from autograd.kernels import rotary
 
-        return run, "numpy ufuncs into the gradient buffer"
+            return (lambda: rotary._rotate(out.size, source(), cos, sin, out)), "one Numba pass"
+        scratch = c.scratch((*out.shape[:-1], out.shape[-1] // 2), out.dtype)
+        return (lambda: _rotate_into(source(), cos, sin, out, scratch)), "numpy ufuncs into out"
 
     def batch_axis(self, axes, c):  # x's rows: the (T, D/2) tables broadcast over (T, D) only
         (x,), tables = axes, c.params["cos"].ndim
@@ -631,9 +634,23 @@ class Embedding(Function):
     def backward_reads(self, c):  # the ids only (a step argument's buffer, always there)
         return ()
 
-    def compiled_forward(self, c):  # (it saves as eager: backward replays as it is)
+    def compiled_forward(self, c):
         vals, w, idx, out = c.vals, c.inputs[0].id, c.params["idx"], c.out
         return (lambda: self.forward(vals[w], idx, out)), "np.take(out=)"
+
+    def compiled_backward(self, c):  # the rows added straight into the table's gradient (a
+        # tied head's is there first): no zeroed (V, C) table, no pass adding it
+        g, idx, num_embeddings = c.g, c.params["idx"], c.inputs[0].shape[0]
+        if not c.inputs[0].requires_grad:
+            return (lambda: None), "no gradient needed"
+        gw, first = c.grad_buffer(0)
+
+        def run() -> None:
+            if first:
+                gw.fill(0)
+            kernels.embedding_backward(idx, g, num_embeddings, out=gw)
+
+        return run, "scatter-add into the table's gradient"
 
     def batch_axis(self, axes, c):  # rows of the table for batched ids
         return 0 if axes == [None] and c.batched == ("idx",) else None

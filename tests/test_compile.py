@@ -233,6 +233,20 @@ def test_the_plan_prints_ops_buffers_and_bytes_saved():
     assert "AdamW fused" in text
 
 
+def test_a_tied_head_writes_the_embedding_gradient_in_place():
+    # fusion=True: the head's dW is written as wte's gradient (the transposed view of its
+    # buffer) and the lookups add their rows into it; "exact" keeps eager's transposed add.
+    # (test_fusion_on_float64_within_1e_12 holds the values to eager's.)
+    for fusion, head in ((True, "nothing to do"), ("exact", "transpose into the input's")):
+        _, _, step = _setup(np.float64)
+        compiled = autograd.compile(step, fusion=fusion)
+        x, y = _batches(1)[0]
+        compiled(x, y)
+        lines = compiled.plan_for(x, y).describe().splitlines()
+        assert any("bwd" in t and "Transpose" in t and "(16, 17)" in t and head in t for t in lines)
+        assert any("Embedding" in t and "scatter-add into the table's gradient" in t for t in lines)
+
+
 def test_python_control_flow_on_a_traced_value_is_refused():
     model, optimizer, _ = _setup(np.float32)
 

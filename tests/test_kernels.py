@@ -222,6 +222,24 @@ def test_embedding_backward_matches_reference(seed, dt, num, idx_shape):
     np.testing.assert_array_equal(embedding.embedding_backward_numba(idx, gy, num), got)
 
 
+@given(seeds, dtypes, st.integers(1, 12), st.lists(st.integers(1, 5), min_size=0, max_size=3))
+@settings(deadline=None)
+def test_embedding_backward_adds_into_a_given_gradient(seed, dt, num, idx_shape):
+    # out= (a tied head's gradient there first): out + the table numba's own call makes, bit for
+    # bit (each id's rows summed, rounded, then added), and the numpy reference's out + table
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, num, idx_shape)
+    gy = rng.standard_normal((*idx_shape, 1 + seed % 9)).astype(dt)
+    head = rng.standard_normal((num, gy.shape[-1])).astype(dt)
+    table = embedding.embedding_backward_numba(idx, gy, num)
+    got = embedding.embedding_backward_numba(idx, gy, num, out=head.copy())
+    np.testing.assert_array_equal(got, head + table)
+    ref = embedding.embedding_backward_numpy(idx, gy, num, out=head.copy())
+    assert_close(got, ref, dt, np.sqrt(max(idx.size, 1)))
+    with pytest.raises(ValueError, match=r"embedding_backward: out \(2, 1\)"):
+        embedding.embedding_backward_numba(idx, gy, num, out=np.zeros((2, 1), dt))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_embedding_sums_repeats_and_checks_ids(backend):
     emb = kernels.get_kernel("embedding_backward", backend)
@@ -663,23 +681,42 @@ def test_silu_times_is_silu_then_the_product_bit_for_bit(seed, dt, n, scale):
     assert_close(y, silu.silu_forward_numpy(x) * u, dt, scale * scale)
 
 
-@given(seeds, dtypes, st.integers(1, 12), st.integers(1, 70), st.integers(0, 5000))
+@given(
+    seeds,
+    dtypes,
+    st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 9)),
+    st.integers(1, 40),
+    st.integers(0, 5000),
+)
 @settings(deadline=None)
-def test_rotary_kernel_gives_the_eager_rotation_bit_for_bit(seed, dt, rows, half, position):
-    # the compiled decode step rotates a new position's heads in place with kernels.rotary: the
-    # values of its reference and of eager's F.apply_rotary at that position, in both builds
+def test_rotary_kernel_gives_the_eager_rotation_bit_for_bit(seed, dt, bht, half, offset):
+    # kernels.rotary turns (B, H, T, D) heads by positions offset.. (a compiled training step's
+    # Rotary forward and backward; the decode step's one new position, in place): the values of
+    # its reference and of eager's F.apply_rotary forward and VJP, in both builds, on strided x
     rng = np.random.default_rng(seed)
-    x = (rng.standard_normal((rows, 2 * half)) * rng.choice([1.0, 1e3], (rows, 1))).astype(dt)
-    x[0, 0] = 0.0
-    cos_table, sin_table = F.rotary_tables(position + 1, 2 * half)
-    cos, sin = cos_table[position].astype(dt), sin_table[position].astype(dt)
+    b, h, t = bht
+    scale = rng.choice([1.0, 1e3], (b, 1, t, 1))
+    x = (rng.standard_normal((b, t, h, 2 * half)) * scale.transpose(0, 2, 1, 3)).astype(dt)
+    x = x.transpose(0, 2, 1, 3)  # (B, H, T, D) as attention's heads: a view, not contiguous
+    x[0, 0, 0, 0] = 0.0
+    cos_table, sin_table = F.rotary_tables(offset + t, 2 * half)
+    cos, sin = cos_table[offset:].astype(dt), sin_table[offset:].astype(dt)
     want = rotary.rotate_numpy(x, cos, sin)
-    eager = F.apply_rotary(Tensor(x[None, :, None, :], dtype=dt), cos_table, sin_table, position)
-    np.testing.assert_array_equal(eager.data[0, :, 0], want)
-    for build in (rotary._rotate_rows.serial, rotary._rotate_rows.parallel):
-        got = x.copy()
-        build(got, cos, sin)
-        np.testing.assert_array_equal(got, want)
+    xt = Tensor(x.copy(), requires_grad=True, dtype=dt)
+    eager = F.apply_rotary(xt, cos_table, sin_table, offset)
+    g = rng.standard_normal(eager.shape).astype(dt)
+    eager.backward(g)
+    np.testing.assert_array_equal(eager.data, want)
+    np.testing.assert_array_equal(xt.grad, rotary.rotate_numpy(g, cos, -sin))
+    for build in (rotary._rotate.serial, rotary._rotate.parallel):
+        out = np.full(x.shape, np.nan, dt)
+        build(x, cos, sin, out)
+        np.testing.assert_array_equal(out, want)
+        build(g, cos, -sin, out)
+        np.testing.assert_array_equal(out, xt.grad)
+        inplace = x.copy()
+        build(inplace, cos, sin, inplace)
+        np.testing.assert_array_equal(inplace, want)
 
 
 @given(seeds, dtypes, st.integers(1, 70), st.integers(1, 70), st.integers(1, 4))

@@ -470,14 +470,16 @@ class Plan:
         The gradient of a view whose input has only views as consumers (qkv[0], qkv[1], qkv[2]
         of one reshaped, transposed projection) is that same view of the input's gradient
         buffer: the VJPs write straight into the projection's gradient, and the view's own
-        backward (a scatter or a transposed copy) has nothing left to do.
+        backward (a scatter or a transposed copy) has nothing left to do. So is a whole view's
+        whose VJP comes before those of its input's other consumers (_whole_view_first).
         """
         if first and v.id not in self.has_grad:
             self.has_grad.add(v.id)
         if self.grads[v.id] is None:
             base = self._alias_base(v)
-            if base is not None:
-                base_buf = self.grad_buffer(base, position, first=False)
+            if base is not None:  # (a whole view's first contribution is its base's first)
+                whole = math.prod(v.shape) == math.prod(base.shape)
+                base_buf = self.grad_buffer(base, position, first=whole)
                 node = v.node
                 self.grads[v.id] = node.fn.forward(base_buf, **node.params)
                 self.aliased.add(v.id)
@@ -494,6 +496,8 @@ class Plan:
             return None
         x = node.inputs[0]
         consumers = self.consumers.get(x.id, [])
+        if self._whole_view_first(node, x):
+            return x
         if not x.requires_grad or x.kind != "op" or x.id in self.returned:
             return None
         # every consumer a view of x whose backward runs (so that each region gets written)
@@ -506,6 +510,17 @@ class Plan:
         if all(isinstance(i, int) for i in indices) and sorted(indices) == list(range(x.shape[0])):
             return x
         return None
+
+    def _whole_view_first(self, node: Node, x: Value) -> bool:
+        """Whether node's output, a view of all of x (a tied head's wte^T), can have its gradient
+        be that view of x's gradient although x has other consumers (the embedding lookup):
+        with fusion=True only (a product then writes a transposed buffer, which BLAS rounds its
+        own way), and only if nothing has contributed to x's gradient yet: the view's first
+        contribution then writes all of it and every later one, to the view or to x, adds."""
+        if self.fusion is not True or not x.requires_grad or x.id in self.returned:
+            return False
+        whole = math.prod(node.out.shape) == math.prod(x.shape)
+        return whole and id(node) in self.pos_b and x.id not in self.has_grad
 
     def contribution(self, v: Value, shape: tuple, position: int) -> tuple[np.ndarray, Any]:
         """(array to write v's contribution into, then-what): the gradient buffer itself for the

@@ -219,9 +219,9 @@ def rms_norm_backward(gy, x, weight, rstd):
     return get_kernel("rms_norm_backward")(gy, x, weight, rstd)
 
 
-def embedding_backward(idx, gy, num_embeddings):
-    """gweight[w] = sum of gy rows whose id is w (embedding.embedding_backward_numpy)."""
-    return get_kernel("embedding_backward")(idx, gy, num_embeddings)
+def embedding_backward(idx, gy, num_embeddings, out=None):
+    """gweight[w] = sum of gy rows whose id is w, or added into out (embedding.py's numpy one)."""
+    return get_kernel("embedding_backward")(idx, gy, num_embeddings, out)
 
 
 def attention_forward(q, k, v, causal=True):

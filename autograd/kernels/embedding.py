@@ -12,13 +12,18 @@ from numba import prange
 from ._common import Kernel, float_array, int_array
 
 
-def _check(idx, gy, num_embeddings):
+def _check(idx, gy, num_embeddings, out):
     kernel = "embedding_backward"
     idx = int_array(idx, kernel, "idx")
     gy = float_array(gy, kernel, "gy")
     if gy.shape[:-1] != idx.shape or gy.ndim != idx.ndim + 1:
         raise ValueError(f"{kernel}: gy {gy.shape} must be idx.shape + (C,) for idx {idx.shape}")
     num_embeddings = int(num_embeddings)
+    if out is not None and (out.shape != (num_embeddings, gy.shape[-1]) or out.dtype != gy.dtype):
+        raise ValueError(
+            f"{kernel}: out {out.shape} {out.dtype} must be ({num_embeddings}, "
+            f"{gy.shape[-1]}) {gy.dtype} for gy {gy.shape} {gy.dtype}"
+        )
     flat = idx.reshape(-1)
     bad = np.flatnonzero((flat < 0) | (flat >= num_embeddings))
     if bad.size:
@@ -29,20 +34,22 @@ def _check(idx, gy, num_embeddings):
     return flat, gy.reshape(flat.size, gy.shape[-1]), num_embeddings
 
 
-def embedding_backward_numpy(idx, gy, num_embeddings):
-    """gweight[w] = sum_{i: idx[i] = w} gy[i] (notes 10.9); np.add.at adds repeats in order."""
-    flat, rows, num_embeddings = _check(idx, gy, num_embeddings)
+def embedding_backward_numpy(idx, gy, num_embeddings, out=None):
+    """gweight[w] = sum_{i: idx[i] = w} gy[i] (notes 10.9); np.add.at adds repeats in order.
+    out: a (num_embeddings, C) gradient to add gweight into (returned), as out + gweight."""
+    flat, rows, num_embeddings = _check(idx, gy, num_embeddings, out)
     gweight = np.zeros((num_embeddings, rows.shape[1]), rows.dtype)
     np.add.at(gweight, flat, rows)
-    return gweight
+    return gweight if out is None else np.add(out, gweight, out=out)
 
 
 @Kernel
-def _scatter_add_segments(order, starts, ids, rows, gweight):
+def _scatter_add_segments(order, starts, ids, rows, gweight, add):
     """Segment s holds positions order[starts[s]:starts[s + 1]], all with id ids[s].
 
     One thread owns one output row, so there are no races and no atomics; each row is summed in
-    float64 in the original position order (the sort that made `order` is stable).
+    float64 in the original position order (the sort that made `order` is stable), rounded to
+    gweight's dtype, and written (or, with add, added to the row as numpy's out + sum would).
     """
     width = rows.shape[1]
     for s in prange(ids.size):
@@ -52,14 +59,18 @@ def _scatter_add_segments(order, starts, ids, rows, gweight):
             for j in range(width):
                 acc[j] += src[j]
         out = gweight[ids[s]]
+        total = np.empty(width, gweight.dtype)
         for j in range(width):
-            out[j] = acc[j]
+            total[j] = acc[j]
+        for j in range(width):
+            out[j] = out[j] + total[j] if add else total[j]
 
 
-def embedding_backward_numba(idx, gy, num_embeddings):
-    """Numba scatter-add; same contract as embedding_backward_numpy."""
-    flat, rows, num_embeddings = _check(idx, gy, num_embeddings)
-    gweight = np.zeros((num_embeddings, rows.shape[1]), rows.dtype)
+def embedding_backward_numba(idx, gy, num_embeddings, out=None):
+    """Numba scatter-add; same contract as embedding_backward_numpy (with out, the rows of no id
+    are not touched: no zeroed table, no pass over it)."""
+    flat, rows, num_embeddings = _check(idx, gy, num_embeddings, out)
+    gweight = np.zeros((num_embeddings, rows.shape[1]), rows.dtype) if out is None else out
     if flat.size == 0:
         return gweight
     # Group equal ids: a stable sort keeps each id's positions in their original order.
@@ -68,5 +79,5 @@ def embedding_backward_numba(idx, gy, num_embeddings):
     starts = np.flatnonzero(np.diff(sorted_ids, prepend=-1))  # first position of each id
     ids = sorted_ids[starts]
     starts = np.append(starts, flat.size)
-    _scatter_add_segments(rows.size, order, starts, ids, rows, gweight)
+    _scatter_add_segments(rows.size, order, starts, ids, rows, gweight, out is not None)
     return gweight

@@ -327,8 +327,9 @@ class DecodeStep:
                 _product(attn.k_proj, self.h, k.reshape(batch, kv_width), self.blocks),
                 _product(attn.v_proj, self.h, v.reshape(batch, kv_width), self.blocks),
             ]
-        # the new position's heads as rows, for the rotation
-        q_rows, k_rows = q.reshape(batch * heads, head_dim), k.reshape(batch * kv_heads, head_dim)
+        # the new position's heads as (B, H, 1, D), for the rotation in place
+        q_heads = q.reshape(batch, heads, 1, head_dim)
+        k_heads = k.reshape(batch, kv_heads, 1, head_dim)
         # attention_forward_numba's one pass per query row (as eager's call for one position), q as
         # (B * Hkv, group, D) query rows per K/V head (grouped-query attention; group 1 is
         # GPT-2's multi-head case) over the cache's own arrays
@@ -342,9 +343,9 @@ class DecodeStep:
         def attend() -> None:
             p, length = self.position, self.position + 1
             if self.rotation is not None:  # F.apply_rotary's values for position p
-                cos, sin = self.rotation[0][p], self.rotation[1][p]
-                rotary._rotate_rows(q_rows.size, q_rows, cos, sin)
-                rotary._rotate_rows(k_rows.size, k_rows, cos, sin)
+                cos, sin = self.rotation[0][p : p + 1], self.rotation[1][p : p + 1]
+                rotary._rotate(q_heads.size, q_heads, cos, sin, q_heads)
+                rotary._rotate(k_heads.size, k_heads, cos, sin, k_heads)
             cache.k[:, :, p] = k  # the cache's append
             cache.v[:, :, p] = v
             args = (queries, keys, values, length, scale, outputs, self.lse, scores)
