@@ -8,6 +8,8 @@ the same rng stream. Then what the tracer must refuse, retracing, and the plan's
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -664,9 +666,9 @@ def test_sharded_llama_step_within_1e_12(lora):
         assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
 
 
-def test_default_sharding_keeps_to_the_gradient_budget(monkeypatch):
-    # the default shards a LoRA step (small gradient copies) and keeps full training whole once
-    # the other shard's gradient buffers would pass SHARD_GRADIENT_BUDGET
+def test_sharding_hands_gradients_off_above_the_gradient_budget(monkeypatch):
+    # LoRA's small gradient copies are added after the shards; full training's, over
+    # SHARD_GRADIENT_BUDGET, are handed off one by one as they are complete (arena buffers)
     monkeypatch.setattr(plan_module, "blas_threads", lambda: 2)
     monkeypatch.setattr(shard, "blas_threads", lambda: 2)
     x = np.random.default_rng(0).integers(0, 29, size=(4, 9))
@@ -679,6 +681,63 @@ def test_default_sharding_keeps_to_the_gradient_budget(monkeypatch):
         compiled = autograd.compile(step)
         compiled(x, y)
         plans[lora] = compiled.plan_for(x, y)
-    assert isinstance(plans[True], shard.ShardedPlan)
-    assert isinstance(plans[False], plan_module.Plan)
-    assert "gradient buffers would take" in plans[False].unsharded
+    assert all(isinstance(p, shard.ShardedPlan) for p in plans.values())
+    assert plans[True].hand_offs is None and plans[True].reduce
+    assert plans[False].hand_offs is not None and not plans[False].reduce
+    text = plans[False].describe()
+    assert "each gradient was handed off" in text
+    trained = [p for p in _llama_setup(False)[0].parameters() if p.requires_grad]
+    assert text.count("hand-off  this gradient is complete") == len(trained)
+
+
+@pytest.mark.parametrize("shards", [2, 3])
+def test_handed_off_gradients_within_1e_12(monkeypatch, shards):
+    # full training, every gradient handed off (budget 0): eager's losses and parameters
+    monkeypatch.setattr(shard, "SHARD_GRADIENT_BUDGET", 0)
+    (m1, eager), (m2, step) = _llama_setup(False), _llama_setup(False)
+    compiled = autograd.compile(step, shards=shards)
+    rng = np.random.default_rng(2)
+    losses = {"eager": [], "compiled": []}
+    for _ in range(4):
+        d = rng.integers(0, 29, size=(6, 17))
+        x, y = d[:, :-1], d[:, 1:].copy()
+        y[0, :3] = -100
+        for name, fn in (("eager", eager), ("compiled", compiled)):
+            losses[name].append(fn(x, y).item())
+    assert compiled.plan_for(x, y).hand_offs is not None
+    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-12)
+    p1, p2 = m1.state_dict(), m2.state_dict()
+    for name in p1:
+        assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
+
+
+def test_a_failing_shard_does_not_leave_the_others_waiting(monkeypatch):
+    # the first shard fails before its hand-offs: the second, waiting on them, is released
+    # and the replay raises the failure (instead of hanging)
+    monkeypatch.setattr(shard, "SHARD_GRADIENT_BUDGET", 0)
+    _, step = _llama_setup(False)
+    compiled = autograd.compile(step, shards=2)
+    x = np.random.default_rng(0).integers(0, 29, size=(4, 9))
+    y = x.copy()
+    compiled(x, y)
+    plan = compiled.plan_for(x, y)
+
+    def fail() -> None:
+        raise ZeroDivisionError("shard 0")
+
+    plan.shards[0].program.insert(0, fail)
+    raised = []
+
+    def replay() -> None:
+        try:
+            compiled(x, y)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=replay, daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():  # (release the waiting shard, so that the test process can end)
+        plan.hand_offs.abort()
+        pytest.fail("a shard still waits for the one that failed")
+    assert len(raised) == 1 and isinstance(raised[0], ZeroDivisionError), raised

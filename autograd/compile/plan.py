@@ -381,6 +381,7 @@ class Plan:
         self.grads[root.id] = seed
         self.has_grad.add(root.id)
         carried = self._carry_leaf_grads()
+        hand_offs = self._hand_offs(steps)
         for node in steps:
             if isinstance(node, Recompute):
                 self._recompute(node.segment)
@@ -388,6 +389,8 @@ class Plan:
             position = self.pos_b[id(node)]
             step, note = self._op_backward(node, position)
             self._emit(step, f"bwd  {position:4d} {node.name:<14} <- {_shape(node.out)}  {note}")
+            for leaf in hand_offs.get(position, []):
+                self._hand_off(leaf, position)
             self._end_of(position)
             out = node.out.id
             if out != root.id and self.grads[out] is not None and out not in self.aliased:
@@ -396,6 +399,28 @@ class Plan:
             self._emit(self._add_carried(carried), "leaf .grad += this backward's gradients")
         if self.shard is None:
             self._emit(self._set_leaf_grads(), "leaf .grad = its gradient buffer (parameters)")
+
+    def _hand_offs(self, steps: list) -> dict[int, list[Value]]:
+        """{position: the parameters whose gradient is complete after it}, for a shard that
+        hands each one off as soon as it is (ShardRole.hand_off); {} otherwise."""
+        if self.shard is None or self.shard.hand_offs is None:
+            return {}
+        last: dict[int, tuple[int, Value]] = {}
+        for node in steps:  # a parameter's consumers' VJPs (views': after their consumers')
+            for v in node.inputs if not isinstance(node, Recompute) else ():
+                if v.kind == "leaf" and v.requires_grad:
+                    last[v.id] = (max(last.get(v.id, (-1,))[0], self.pos_b[id(node)]), v)
+        hand_offs: dict[int, list[Value]] = {}
+        for position, v in last.values():
+            hand_offs.setdefault(position, []).append(v)
+        return hand_offs
+
+    def _hand_off(self, leaf: Value, position: int) -> None:
+        mine = self.grads[leaf.id]
+        step, line = self.shard.hand_off(leaf.id, mine)
+        self._emit(step, f"          {line} ({_shape(leaf)})")
+        if mine is not None and leaf.id not in self.shard.leaf_grads:
+            self._release_after(mine, position)  # back to the arena once added
 
     def _carry_leaf_grads(self) -> dict[int, np.ndarray]:
         """Before a second backward of the step (gradient accumulation): each leaf gradient
@@ -471,7 +496,7 @@ class Plan:
         of one reshaped, transposed projection) is that same view of the input's gradient
         buffer: the VJPs write straight into the projection's gradient, and the view's own
         backward (a scatter or a transposed copy) has nothing left to do. So is a whole view's
-        whose VJP comes before those of its input's other consumers (_whole_view_first).
+        gradient while its input's has had no contribution yet (_whole_view_first).
         """
         if first and v.id not in self.has_grad:
             self.has_grad.add(v.id)
@@ -483,9 +508,9 @@ class Plan:
                 node = v.node
                 self.grads[v.id] = node.fn.forward(base_buf, **node.params)
                 self.aliased.add(v.id)
-            elif v.kind == "leaf":  # a parameter's own buffer (a flat view when fused)
+            elif v.kind == "leaf" and self.shard is None:  # (a flat view when fused)
                 self.grads[v.id] = np.empty(v.shape, v.dtype)
-            else:
+            else:  # (a shard's own gradient of a parameter: until it is handed off)
                 self.grads[v.id] = self.arena.take(v.shape, v.dtype)
         return self.grads[v.id]
 

@@ -24,8 +24,13 @@ batched values, with nothing computed from it. Anything else on a batched value 
 random mask, a mean over the batch, an op without a batch rule) keeps the step whole; the
 plan's printout says why.
 
-By default a step is sharded only while the other shards' copies of the gradient buffers fit in
-SHARD_GRADIENT_BUDGET (LoRA, a frozen base: yes; full training of a 135M model: no).
+Each shard after the first has gradient buffers of its own. While copies of every trained
+parameter's gradient fit in SHARD_GRADIENT_BUDGET (LoRA, a frozen base), it keeps whole copies,
+added into the first shard's after the shards. Above it (full training of a 135M model) it
+hands each parameter's gradient off as soon as it is complete: after its last VJP, shard s waits
+until shard s - 1 is done with that parameter, adds its gradient into the first shard's, and its
+buffer goes back to its arena, so only the gradients being made take memory (a tied embedding's,
+made by the head and completed by the lookup, for the whole backward).
 
 The loss of the step is the mean over the kept rows (targets) of all shards. Shard s keeps k_s of
 the K kept targets and its loss is its own mean, so the step's loss is sum_s (k_s / K) loss_s;
@@ -36,6 +41,7 @@ onehot) / K per row (notes 10.3). The k_s are counted from the targets at every 
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -183,12 +189,71 @@ class ShardTrace:
 
 
 class ShardRole:
-    """What Plan needs to know of its shard: the loss, its seed, where leaf gradients go."""
+    """What Plan needs to know of its shard: the loss, its seed, where leaf gradients go (the
+    given buffers; a parameter without one gets an arena buffer, handed off when complete)."""
 
-    def __init__(self, root: Value, leaf_grads: dict[int, np.ndarray]) -> None:
+    def __init__(
+        self,
+        root: Value,
+        leaf_grads: dict[int, np.ndarray],
+        index: int = 0,
+        hand_offs: HandOffs | None = None,
+    ) -> None:
         self.root = root
         self.seed = np.ones(root.shape, root.dtype)  # k_s / K, written before each replay
         self.leaf_grads = leaf_grads
+        self.index, self.hand_offs = index, hand_offs
+
+    def hand_off(self, leaf: int, mine: np.ndarray | None) -> tuple[Callable[[], None], str]:
+        """The step after this shard's last contribution to a parameter's gradient (mine):
+        the first shard's is the real gradient already; shard s > 0 waits until shard s - 1 is
+        done with it, then adds its own in (the adds of one parameter run one at a time)."""
+        offs, s = self.hand_offs, self.index
+        if s == 0:
+            return (lambda: offs.done(0, leaf)), "hand-off  this gradient is complete"
+        real = offs.real[leaf]
+
+        def add() -> None:
+            offs.wait(s - 1, leaf)
+            if mine is not None:
+                np.add(real, mine, out=real)
+            offs.done(s, leaf)
+
+        return add, "hand-off  added into the first shard's gradient once that is complete"
+
+
+class ShardFailed(RuntimeError):
+    """A shard stopped waiting for a hand-off: another shard failed (its error is raised)."""
+
+
+class HandOffs:
+    """The shards' hand-offs of each parameter's gradient within a replay (ShardRole.hand_off).
+    A shard that fails sets every flag, so that none waits for it forever."""
+
+    def __init__(self, n: int, real: dict[int, np.ndarray]) -> None:
+        self.real = real
+        self.flags = [{leaf: threading.Event() for leaf in real} for _ in range(n)]
+        self.failed = False
+
+    def reset(self) -> None:
+        self.failed = False
+        for flags in self.flags:
+            for flag in flags.values():
+                flag.clear()
+
+    def done(self, shard: int, leaf: int) -> None:
+        self.flags[shard][leaf].set()
+
+    def wait(self, shard: int, leaf: int) -> None:
+        self.flags[shard][leaf].wait()
+        if self.failed:
+            raise ShardFailed("another shard of the step failed")
+
+    def abort(self) -> None:
+        self.failed = True
+        for flags in self.flags:
+            for flag in flags.values():
+                flag.set()
 
 
 class _Leaves:
@@ -229,7 +294,11 @@ def shard_count(fusion: bool | str, shards: int | None) -> int:
 class ShardedPlan:
     """A compiled step replayed as n shard plans on n threads, then the reduction and the rest."""
 
-    def __init__(self, rec: Recorder, result: Any, n: int, axes: dict[int, int | None]) -> None:
+    def __init__(
+        self, rec: Recorder, result: Any, n: int, axes: dict[int, int | None], hand_off: bool
+    ) -> None:
+        """hand_off: the shards after the first add each parameter's gradient into the first's
+        as soon as both are complete, from an arena buffer (no copy of every gradient)."""
         self.n = n
         self.blas = one_blas_thread()  # made once: finding the BLAS libraries takes ~2 ms
         self.trace_s = self.plan_s = 0.0
@@ -267,10 +336,15 @@ class ShardedPlan:
         with_grad_leaves = [v for v in slots.leaves if v.id in with_grad]
         real = {v.id: slots.grads[v.id] for v in with_grad_leaves if slots.grads[v.id] is not None}
         real |= {v.id: np.empty(v.shape, v.dtype) for v in with_grad_leaves if v.id not in real}
+        self.hand_offs = HandOffs(n, real) if hand_off else None
         for s in range(n):
-            grads = real if s == 0 else self._private_grads(real, flat)
+            if s == 0 or hand_off:
+                grads = real if s == 0 else {}
+            else:
+                grads = self._private_grads(real, flat)
             trace = ShardTrace(rec, axes, n)
-            self.shards.append(Plan(trace, None, True, ShardRole(trace.root, grads)))
+            role = ShardRole(trace.root, grads, s, self.hand_offs)
+            self.shards.append(Plan(trace, None, True, role))
         self.call_out: list[Any] = []
         self._call_results: dict[int, int] = {}
         self.pre = [self._post_step(e, fused) for e in pre]
@@ -321,6 +395,8 @@ class ShardedPlan:
         self._seed(args[self.counted_index])
         for step, _ in self.pre:
             step()
+        if self.hand_offs is not None:
+            self.hand_offs.reset()
         with self.blas():
             self._parallel(lambda s: self._run_shard(s, args))
             self._parallel(self._add_gradients)
@@ -337,12 +413,21 @@ class ShardedPlan:
             plan.shard.seed[...] = k / total if total else 0.0
 
     def _parallel(self, work: Callable[[int], None]) -> None:
+        """work(s) for every shard s, s = 0 on this thread; raises the first failure (not a
+        shard's ShardFailed, which only says that it stopped waiting for a failed one)."""
         others = [_pool(self.n - 1).submit(work, s) for s in range(1, self.n)]
+        errors: list[BaseException] = []
         try:
             work(0)
-        finally:
-            for f in others:
+        except BaseException as exc:
+            errors.append(exc)
+        for f in others:
+            try:
                 f.result()
+            except BaseException as exc:
+                errors.append(exc)
+        if errors:
+            raise next((e for e in errors if not isinstance(e, ShardFailed)), errors[0])
 
     def _run_shard(self, s: int, args: tuple, timed: list | None = None) -> None:
         rows = slice(s * self.rows, (s + 1) * self.rows)
@@ -357,6 +442,10 @@ class ShardedPlan:
                     start = time.perf_counter()
                     step()
                     timed.append(time.perf_counter() - start)
+        except BaseException:
+            if self.hand_offs is not None:
+                self.hand_offs.abort()
+            raise
         finally:
             _common.THIS_THREAD.serial = False
 
@@ -388,6 +477,8 @@ class ShardedPlan:
         rest: list[list[float]] = [[] for _ in range(1 + len(self.post))]
         for _ in range(reps):
             self._seed(args[self.counted_index])
+            if self.hand_offs is not None:
+                self.hand_offs.reset()
             timed: list[float] = []
             with self.blas():
                 self._parallel(lambda s, t=timed: self._run_shard(s, args, t if s == 0 else None))
@@ -413,24 +504,27 @@ class ShardedPlan:
                 f"{self.plan_s:.2f} s")  # fmt: skip
         arena = sum(p.arena.nbytes for p in self.shards)
         private = sum(o.nbytes for _, o in self.reduce)
+        if self.hand_offs is None:
+            reduce = f"the other shards' gradients into the first's ({private / mib:.1f} MiB)"
+        else:
+            reduce = "nothing left: each gradient was handed off as it was complete"
         return "\n".join([
             head,
             *(line for _, line in self.pre),
             "each shard, on its own thread (BLAS on 1 thread, serial Numba kernels):",
             *("  " + line for line in self.shards[0].describe().splitlines()),
-            f"reduce    the other shards' gradients into the first's ({private / mib:.1f} MiB)",
+            f"reduce    {reduce}",
             *(line for _, line in self.post),
             f"arenas: {arena / mib:.1f} MiB in all",
         ])  # fmt: skip
 
 
-# The default sharding's memory policy: shard only while the gradient buffers of the shards
-# after the first take at most this much. Each such shard has its own copy of every trained
-# parameter's gradient: a few MiB with LoRA or a frozen base, the model's size in full training.
+# The sharding's memory policy: the shards after the first keep whole copies of the gradients
+# while those take at most this much, else hand each one off when complete (see the module
+# docstring). Copies: a few MiB with LoRA or a frozen base, the model's size in full training.
 # Measured on the SmolLM2-135M fine-tuning step (docs/benchmarks.md, 2026-12-02): LoRA, 3.5 MiB
 # of copies, 3.54 s whole -> 2.94 s sharded; full, 513 MiB of copies, 4.73 -> 4.17 s but peak
-# RSS 4076 -> 4805 MiB, above PyTorch's 4470. GPT small's 41 MiB shards as before.
-# compile(shards=n) shards anyway.
+# RSS 4076 -> 4805 MiB, above PyTorch's 4470 (so then it stayed whole). GPT small's 41 MiB: copies.
 SHARD_GRADIENT_BUDGET = 256 << 20
 
 
@@ -453,13 +547,9 @@ def sharded_plan(rec: Recorder, result: Any, fusion: bool | str, shards: int | N
         axes = batch_axes(rec, n)
     except NotShardable as exc:
         return None, str(exc)
-    copies = gradient_copy_bytes(rec, n)
-    if shards is None and copies > SHARD_GRADIENT_BUDGET:
-        return None, (f"the other shards' gradient buffers would take {copies / (1 << 20):.0f} "
-                      f"MiB, over SHARD_GRADIENT_BUDGET ({SHARD_GRADIENT_BUDGET >> 20} MiB; "
-                      "compile(shards=n) shards anyway)")  # fmt: skip
+    hand_off = gradient_copy_bytes(rec, n) > SHARD_GRADIENT_BUDGET
     try:
-        return ShardedPlan(rec, result, n, axes), None
+        return ShardedPlan(rec, result, n, axes, hand_off), None
     except NotShardable as exc:
         return None, str(exc)
 
