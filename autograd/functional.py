@@ -945,6 +945,72 @@ def silu(x: Tensor) -> Tensor:
     return SiLU.apply(_tensor(x))
 
 
+class SwiGLU(Function):
+    # y = silu(a) b;  da = g b s (1 + a (1 - s)),  db = g silu(a)   (s = sigmoid(a); notes 8.2)
+    # One op for the gated MLP's silu(x W_gate) * (x W_up): silu then * kept silu(a) as well as
+    # a and b until backward (one more (B, T, FFN) array per layer), and took two backward passes.
+    def forward(self, a, b):
+        self.save_for_backward(a, b)
+        return kernels.swiglu_forward(a, b)
+
+    def backward(self, g):
+        a, b = self.saved
+        return kernels.swiglu_backward(g, a, b)
+
+    # compiled: the Numba kernels of kernels.swiglu_forward / _backward, into the buffers
+    def backward_reads(self, c):  # a and b (silu(a) is recomputed)
+        return (0, 1)
+
+    def compiled_forward(self, c):
+        if not c.numba:
+            return None
+        from autograd.kernels import silu
+
+        vals, (a, b), out = c.vals, (v.id for v in c.inputs), c.out
+        flat_out = out.reshape(-1)
+
+        def run() -> None:
+            silu._silu_times(out.size, vals[a].reshape(-1), vals[b].reshape(-1), flat_out)
+
+        return run, "Numba kernel into out (silu's values, then the product)"
+
+    def compiled_backward(self, c):  # one pass: sigmoid recomputed from a, both gradients
+        from autograd.kernels import silu
+
+        vals, g, (a, b) = c.vals, c.g.reshape(-1), (v.id for v in c.inputs)
+        (ga, then_a), (gb, then_b) = (c.grad_or_scratch(i, c.g.shape) for i in (0, 1))
+        flat_ga, flat_gb, then = ga.reshape(-1), gb.reshape(-1), c.then(then_a, then_b)
+
+        def run() -> None:
+            silu._swiglu_grads(
+                g.size, g, vals[a].reshape(-1), vals[b].reshape(-1), flat_ga, flat_gb
+            )
+            then()
+
+        return run, "one Numba pass: sigmoid recomputed from a, into both gradient buffers"
+
+    def batch_axis(self, axes, c):  # elementwise, on two arrays of one shape
+        return axes[0] if axes[0] == axes[1] else None
+
+    def vjp(self, g, output):  # the same rule on Tensors (s from Tensor ops)
+        a, b = self.inputs
+        s = a.sigmoid()
+        return g * b * (s * (1 + a * (1 - s))), g * (a * s)
+
+    def jvp(self, out, a_dot, b_dot):  # y_dot = silu'(a) a_dot b + silu(a) b_dot
+        a, b = self.saved
+        return kernels.silu_backward(a_dot * b, a) + kernels.silu_forward(a) * b_dot
+
+
+def swiglu(a: Tensor, b: Tensor) -> Tensor:
+    """silu(a) * b, SwiGLU's gated product (notes 8.2), for a and b of one shape: one op that
+    keeps a and b for its backward (one pass), not silu(a) as well."""
+    a, b = _tensor(a), _tensor(b)
+    if a.shape != b.shape:
+        raise ValueError(f"swiglu: a {a.shape} and b {b.shape} must have the same shape")
+    return SwiGLU.apply(a, b)
+
+
 class Dropout(Op):
     # y = x * keep, keep = Bernoulli(1 - p) / (1 - p) (inverted: the mean is unchanged)
     # dx = g * keep

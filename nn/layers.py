@@ -219,4 +219,4 @@ class GatedMLP(Module):
         self.c_proj = residual_projection(hidden, n_embd, bias, rng, n_layer)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
+        return self.c_proj(F.swiglu(self.c_gate(x), self.c_fc(x)))

@@ -327,8 +327,8 @@ LLAMA_SETUPS = {
 @pytest.mark.parametrize("fusion", [False, True])
 @pytest.mark.parametrize("setup", sorted(LLAMA_SETUPS))
 def test_compiled_llama_step_equals_eager(fusion, setup):
-    # The plan frees a forward value after the last VJP that reads it: RMSNorm and SiLU keep
-    # their input, a product only the factor the other factor's gradient needs, a Linear its
+    # The plan frees a forward value after the last VJP that reads it: RMSNorm its input, SwiGLU
+    # both inputs, a product only the factor the other factor's gradient needs, a Linear its
     # input only for a trained weight; rotary, broadcasts and sums keep nothing. A buffer handed
     # on too early shows as a wrong gradient here (grouped-query attention, untied head).
     config = llama_config(

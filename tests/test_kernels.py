@@ -681,6 +681,16 @@ def test_silu_times_is_silu_then_the_product_bit_for_bit(seed, dt, n, scale):
     assert_close(y, silu.silu_forward_numpy(x) * u, dt, scale * scale)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_swiglu_forward_is_silu_then_the_product_bit_for_bit(backend, dt):
+    # F.swiglu (the gated MLP's op) keeps the values of F.silu(a) * b that it replaced, so the
+    # models' logits, the decode step (silu._silu_times) and HF's stay as they were
+    x, u = kernels.examples.swiglu_forward(np.random.default_rng(0), dt, 37, 50)
+    want = kernels.get_kernel("silu_forward", backend)(x) * u
+    np.testing.assert_array_equal(kernels.get_kernel("swiglu_forward", backend)(x, u), want)
+
+
 @given(
     seeds,
     dtypes,

@@ -78,6 +78,8 @@ KERNELS: dict[str, Kernel] = {
     "gelu_backward": Kernel("gelu", "gelu", examples.gelu_backward),
     "silu_forward": Kernel("silu", "silu", examples.silu_forward),
     "silu_backward": Kernel("silu", "silu", examples.silu_backward),
+    "swiglu_forward": Kernel("silu", "swiglu", examples.swiglu_forward),
+    "swiglu_backward": Kernel("silu", "swiglu", examples.swiglu_backward),
     "layer_norm_forward": Kernel("layernorm", "layer_norm", examples.layer_norm_forward),
     "layer_norm_backward": Kernel("layernorm", "layer_norm", examples.layer_norm_backward),
     "rms_norm_forward": Kernel("layernorm", "rms_norm", examples.rms_norm_forward),
@@ -197,6 +199,16 @@ def silu_forward(x):
 def silu_backward(gy, x):
     """gx of SiLU, sigmoid recomputed from x (silu.silu_backward_numpy)."""
     return get_kernel("silu_backward")(gy, x)
+
+
+def swiglu_forward(x, u):
+    """y = silu(x) u, SwiGLU's gated product (silu.swiglu_forward_numpy)."""
+    return get_kernel("swiglu_forward")(x, u)
+
+
+def swiglu_backward(gy, x, u):
+    """(gx, gu) of SwiGLU, sigmoid recomputed from x (silu.swiglu_backward_numpy)."""
+    return get_kernel("swiglu_backward")(gy, x, u)
 
 
 def layer_norm_forward(x, weight, bias, eps):

@@ -69,6 +69,16 @@ def silu_backward(rng, dtype, rows, width):
     return _rows(rng, dtype, rows, width, with_inf=False), *silu_forward(rng, dtype, rows, width)
 
 
+def swiglu_forward(rng, dtype, rows, width):
+    u = _rows(rng, dtype, rows, width, with_inf=False)
+    u[-1, -1] = 0.0
+    return *silu_forward(rng, dtype, rows, width), u
+
+
+def swiglu_backward(rng, dtype, rows, width):
+    return _rows(rng, dtype, rows, width, with_inf=False), *swiglu_forward(rng, dtype, rows, width)
+
+
 def layer_norm_forward(rng, dtype, rows, width):
     x = _rows(rng, dtype, rows, width, with_inf=False)  # LayerNorm of a row with -inf is NaN
     w, b = (rng.standard_normal(width).astype(dtype) for _ in range(2))

@@ -1,7 +1,9 @@
-"""SiLU, the gate of Llama's SwiGLU MLP (notes 8.2), forward and backward, elementwise.
+"""SiLU, the gate of Llama's SwiGLU MLP (notes 8.2), forward and backward, elementwise; and
+SwiGLU's gated product silu(x) u as one op.
 
     y = x s,   s = sigmoid(x) = 1 / (1 + e^-x)
     dy/dx = s (1 + x (1 - s))          (the product rule, with s' = s (1 - s))
+    SwiGLU: y = silu(x) u,   dx = g u s (1 + x (1 - s)),   du = g silu(x)
 
 The backward takes x, not s: s is recomputed there (one exp), so x alone waits for the backward.
 sigmoid goes through the exp of a non-positive number, e = exp(-|x|), which never overflows:
@@ -41,6 +43,29 @@ def silu_backward_numpy(gy, x):
     return (gy * s * (1 + x * (1 - s))).astype(x.dtype, copy=False)
 
 
+def swiglu_forward_numpy(x, u):
+    """y = silu(x) u (silu's values, then the product)."""
+    x, u = _swiglu_inputs(x, u, "swiglu_forward")
+    return (silu_forward_numpy(x) * u).astype(x.dtype, copy=False)
+
+
+def swiglu_backward_numpy(gy, x, u):
+    """(gx, gu) = (gy u s (1 + x (1 - s)), gy silu(x)), s = sigmoid(x) recomputed from x."""
+    x, u = _swiglu_inputs(x, u, "swiglu_backward")
+    gy = float_array(gy, "swiglu_backward", "gy", dtype=x.dtype)
+    same_shape(gy, x, "swiglu_backward", ("gy", "x"))
+    s = _sigmoid_numpy(x)
+    gx = (gy * u * (s * (1 + x * (1 - s)))).astype(x.dtype, copy=False)
+    return gx, (gy * (x * s)).astype(x.dtype, copy=False)
+
+
+def _swiglu_inputs(x, u, kernel):
+    x = float_array(x, kernel, "x")
+    u = float_array(u, kernel, "u", dtype=x.dtype)
+    same_shape(x, u, kernel, ("x", "u"))
+    return x, u
+
+
 # ---------------------------------------------------------------------------------------------
 # Numba kernels: one pass over the flattened arrays
 # ---------------------------------------------------------------------------------------------
@@ -76,6 +101,18 @@ def _silu_times(x, u, y):
 
 
 @Kernel
+def _swiglu_grads(gy, x, u, gx, gu):
+    """SwiGLU's backward in one pass: gx = gy u s (1 + x (1 - s)), gu = gy silu(x); gx and gu
+    arrays of their own (see _silu_times)."""
+    one = x.dtype.type(1.0)
+    for i in prange(x.size):
+        xi = x[i]
+        s = _sigmoid(xi, one)
+        gu[i] = gy[i] * (xi * s)
+        gx[i] = gy[i] * u[i] * (s * (one + xi * (one - s)))
+
+
+@Kernel
 def _silu_grads(gy, x, gx):
     one = x.dtype.type(1.0)
     for i in prange(x.size):
@@ -100,3 +137,23 @@ def silu_backward_numba(gy, x):
     gx = np.empty_like(x)
     _silu_grads(x.size, gy.reshape(-1), x.reshape(-1), gx.reshape(-1))
     return gx
+
+
+def swiglu_forward_numba(x, u):
+    """Numba SwiGLU forward (_silu_times: silu's values, then the product, bit for bit);
+    same contract as swiglu_forward_numpy."""
+    x, u = _swiglu_inputs(x, u, "swiglu_forward")
+    y = np.empty_like(x)
+    _silu_times(x.size, x.reshape(-1), u.reshape(-1), y.reshape(-1))
+    return y
+
+
+def swiglu_backward_numba(gy, x, u):
+    """Numba SwiGLU backward in one pass; same contract as swiglu_backward_numpy."""
+    x, u = _swiglu_inputs(x, u, "swiglu_backward")
+    gy = float_array(gy, "swiglu_backward", "gy", dtype=x.dtype)
+    same_shape(gy, x, "swiglu_backward", ("gy", "x"))
+    gx, gu = np.empty_like(x), np.empty_like(x)
+    flat = (a.reshape(-1) for a in (gy, x, u, gx, gu))
+    _swiglu_grads(x.size, *flat)
+    return gx, gu
