@@ -643,24 +643,29 @@ def _llama_setup(lora: bool):
     return model, training_step(model, optimizer)
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_sharded_llama_step_within_1e_12(lora):
-    # eager against a step sharded over 2 threads, the first row ignoring three targets
+def _against_eager(lora: bool, shards: int, steps: int, rows: int) -> tuple:
+    """(eager losses, compiled losses, the two models, the compiled step's plan): eager against
+    a step sharded over `shards` threads, the first row of each batch ignoring three targets."""
     (m1, eager), (m2, step) = _llama_setup(lora), _llama_setup(lora)
-    compiled = autograd.compile(step, shards=2)
+    compiled = autograd.compile(step, shards=shards)
     rng = np.random.default_rng(2)
     losses = {"eager": [], "compiled": []}
-    for _ in range(6):
-        d = rng.integers(0, 29, size=(4, 17))
+    for _ in range(steps):
+        d = rng.integers(0, 29, size=(rows, 17))
         x, y = d[:, :-1], d[:, 1:].copy()
         y[0, :3] = -100
         for name, fn in (("eager", eager), ("compiled", compiled)):
             losses[name].append(fn(x, y).item())
-    plan = compiled.plan_for(x, y)
+    return losses["eager"], losses["compiled"], m1, m2, compiled.plan_for(x, y)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_sharded_llama_step_within_1e_12(lora):
+    eager, compiled, m1, m2, plan = _against_eager(lora, shards=2, steps=6, rows=4)
     assert isinstance(plan, shard.ShardedPlan), plan.unsharded
     text = plan.describe()
     assert all(op in text for op in ("RMSNorm", "Rotary", "SwiGLU", "Attention"))
-    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-12)
+    np.testing.assert_allclose(compiled, eager, rtol=1e-12)
     p1, p2 = m1.state_dict(), m2.state_dict()
     for name in p1:
         assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
@@ -694,18 +699,9 @@ def test_sharding_hands_gradients_off_above_the_gradient_budget(monkeypatch):
 def test_handed_off_gradients_within_1e_12(monkeypatch, shards):
     # full training, every gradient handed off (budget 0): eager's losses and parameters
     monkeypatch.setattr(shard, "SHARD_GRADIENT_BUDGET", 0)
-    (m1, eager), (m2, step) = _llama_setup(False), _llama_setup(False)
-    compiled = autograd.compile(step, shards=shards)
-    rng = np.random.default_rng(2)
-    losses = {"eager": [], "compiled": []}
-    for _ in range(4):
-        d = rng.integers(0, 29, size=(6, 17))
-        x, y = d[:, :-1], d[:, 1:].copy()
-        y[0, :3] = -100
-        for name, fn in (("eager", eager), ("compiled", compiled)):
-            losses[name].append(fn(x, y).item())
-    assert compiled.plan_for(x, y).hand_offs is not None
-    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-12)
+    eager, compiled, m1, m2, plan = _against_eager(False, shards=shards, steps=4, rows=6)
+    assert plan.hand_offs is not None
+    np.testing.assert_allclose(compiled, eager, rtol=1e-12)
     p1, p2 = m1.state_dict(), m2.state_dict()
     for name in p1:
         assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
