@@ -20,7 +20,7 @@ cache, the end-of-text token ignored:
 
 Rows: glassgrad (float32 weights; eager, and with the compiled decode step of
 models/architectures/decoding.py: generate(compiled=True)), HF transformers (float32, PyTorch
-eager; needs a Python with torch + transformers + gguf, --hf-python), and llama.cpp
+eager; needs a Python with torch + transformers + gguf + accelerate, --hf-python), and llama.cpp
 (llama-cpp-python, --llama-python) on the GGUF file as shipped and on the formats of
 --llama-formats, converted from it by llama.cpp's own quantize tool (F32 from Q4_1 holds exactly
 the float32 weights glassgrad loads). Each run is a
@@ -382,8 +382,9 @@ def main(argv: list[str] | None = None) -> int:
             missing["llama.cpp"] = "the model is not a GGUF file"
         elif "llama.cpp" in wanted and not _python_has(args.llama_python, "llama_cpp"):
             missing["llama.cpp"] = f"{args.llama_python} cannot import llama_cpp"
-        if "hf" in wanted and model.suffix == ".gguf" and not _python_has(args.hf_python, "gguf"):
-            missing["hf"] = f"{args.hf_python} cannot import gguf (transformers reads GGUF with it)"
+        readers = "gguf, accelerate"  # transformers 5 loads a GGUF file with both
+        if "hf" in wanted and model.suffix == ".gguf" and not _python_has(args.hf_python, readers):
+            missing["hf"] = f"{args.hf_python} cannot import {readers} (transformers needs them)"
         ids_file = Path(tmp) / "ids.json"
         ids_file.write_text(json.dumps(prompt_ids(model, args.prompt, random_weights)))
         rows = [
