@@ -947,8 +947,9 @@ def silu(x: Tensor) -> Tensor:
 
 class SwiGLU(Function):
     # y = silu(a) b;  da = g b s (1 + a (1 - s)),  db = g silu(a)   (s = sigmoid(a); notes 8.2)
-    # One op for the gated MLP's silu(x W_gate) * (x W_up): silu then * kept silu(a) as well as
-    # a and b until backward (one more (B, T, FFN) array per layer), and took two backward passes.
+    # One op for the gated MLP's silu(x W_gate) * (x W_up): as silu then *, the product kept
+    # silu(a) for its backward beside a and b (one more (B, T, FFN) array per layer), and the
+    # backward took two passes.
     def forward(self, a, b):
         self.save_for_backward(a, b)
         return kernels.swiglu_forward(a, b)
