@@ -407,7 +407,9 @@ class Plan:
             return {}
         last: dict[int, tuple[int, Value]] = {}
         for node in steps:  # a parameter's consumers' VJPs (views': after their consumers')
-            for v in node.inputs if not isinstance(node, Recompute) else ():
+            if isinstance(node, Recompute):  # (a sharded step has no checkpointed segments)
+                continue
+            for v in node.inputs:
                 if v.kind == "leaf" and v.requires_grad:
                     last[v.id] = (max(last.get(v.id, (-1,))[0], self.pos_b[id(node)]), v)
         hand_offs: dict[int, list[Value]] = {}
@@ -510,7 +512,7 @@ class Plan:
                 self.aliased.add(v.id)
             elif v.kind == "leaf" and self.shard is None:  # (a flat view when fused)
                 self.grads[v.id] = np.empty(v.shape, v.dtype)
-            else:  # (a shard's own gradient of a parameter: until it is handed off)
+            else:  # an op's output, or a shard's own gradient of a parameter (handed off)
                 self.grads[v.id] = self.arena.take(v.shape, v.dtype)
         return self.grads[v.id]
 

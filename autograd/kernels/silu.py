@@ -45,25 +45,27 @@ def silu_backward_numpy(gy, x):
 
 def swiglu_forward_numpy(x, u):
     """y = silu(x) u (silu's values, then the product)."""
-    x, u = _swiglu_inputs(x, u, "swiglu_forward")
+    x, u, _ = _swiglu_inputs("swiglu_forward", x, u)
     return (silu_forward_numpy(x) * u).astype(x.dtype, copy=False)
 
 
 def swiglu_backward_numpy(gy, x, u):
     """(gx, gu) = (gy u s (1 + x (1 - s)), gy silu(x)), s = sigmoid(x) recomputed from x."""
-    x, u = _swiglu_inputs(x, u, "swiglu_backward")
-    gy = float_array(gy, "swiglu_backward", "gy", dtype=x.dtype)
-    same_shape(gy, x, "swiglu_backward", ("gy", "x"))
+    x, u, gy = _swiglu_inputs("swiglu_backward", x, u, gy)
     s = _sigmoid_numpy(x)
     gx = (gy * u * (s * (1 + x * (1 - s)))).astype(x.dtype, copy=False)
     return gx, (gy * (x * s)).astype(x.dtype, copy=False)
 
 
-def _swiglu_inputs(x, u, kernel):
+def _swiglu_inputs(kernel, x, u, gy=None):
+    """x, u (and gy, for the backward) checked: float arrays of x's dtype, one shape."""
     x = float_array(x, kernel, "x")
     u = float_array(u, kernel, "u", dtype=x.dtype)
     same_shape(x, u, kernel, ("x", "u"))
-    return x, u
+    if gy is not None:
+        gy = float_array(gy, kernel, "gy", dtype=x.dtype)
+        same_shape(gy, x, kernel, ("gy", "x"))
+    return x, u, gy
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +144,7 @@ def silu_backward_numba(gy, x):
 def swiglu_forward_numba(x, u):
     """Numba SwiGLU forward (_silu_times: silu's values, then the product, bit for bit);
     same contract as swiglu_forward_numpy."""
-    x, u = _swiglu_inputs(x, u, "swiglu_forward")
+    x, u, _ = _swiglu_inputs("swiglu_forward", x, u)
     y = np.empty_like(x)
     _silu_times(x.size, x.reshape(-1), u.reshape(-1), y.reshape(-1))
     return y
@@ -150,9 +152,7 @@ def swiglu_forward_numba(x, u):
 
 def swiglu_backward_numba(gy, x, u):
     """Numba SwiGLU backward in one pass; same contract as swiglu_backward_numpy."""
-    x, u = _swiglu_inputs(x, u, "swiglu_backward")
-    gy = float_array(gy, "swiglu_backward", "gy", dtype=x.dtype)
-    same_shape(gy, x, "swiglu_backward", ("gy", "x"))
+    x, u, gy = _swiglu_inputs("swiglu_backward", x, u, gy)
     gx, gu = np.empty_like(x), np.empty_like(x)
     flat = (a.reshape(-1) for a in (gy, x, u, gx, gu))
     _swiglu_grads(x.size, *flat)
