@@ -1075,11 +1075,17 @@ class Attention(Function):
     # compiled, fusion=True (not "exact": its sums run in another order than the kernels'), for
     # self-attention (Tq = Tk, Dv = D): P = softmax(q k^T scale) by batched products over the
     # strided q/k/v views of the projections (no copies), each causal product over the allowed
-    # row blocks only (_row_blocks). P is not kept between forward and backward (a (B, H, T, T)
-    # array per layer, more than q, k and v): backward recomputes it, as FlashAttention does.
+    # row blocks only (_row_blocks). P, a (B, H, T, T) array, is T / D times the size of q: it is
+    # kept from forward to backward while that is at most KEEP_PROBS_RATIO, and beyond it
+    # backward recomputes it from q and k, as FlashAttention does.
     def _fused(self, c) -> bool:
         q, k, v = c.inputs
         return c.numba and c.fusion is True and q.shape[2:] == k.shape[2:] and k.shape == v.shape
+
+    @staticmethod
+    def _keeps_probs(c) -> bool:
+        T, D = c.inputs[0].shape[2:]
+        return T <= KEEP_PROBS_RATIO * D
 
     def backward_reads(self, c):  # q, k, v (P is recomputed from q and k), not the output
         return (0, 1, 2) if self._fused(c) else None
@@ -1090,7 +1096,10 @@ class Attention(Function):
         vals, v, matmul, out = c.vals, c.inputs[2].id, c.matmul, c.out
         B, H, T, _ = out.shape
         kv_heads = c.inputs[2].shape[1]
-        probs = c.scratch((B, H, T, T), out.dtype)  # for this forward only
+        keep = self._keeps_probs(c)
+        # kept: until this op's backward has run; else for this forward only
+        probs = (c.kept if keep else c.scratch)((B, H, T, T), out.dtype)
+        self.saved = (probs,) if keep else ()  # what compiled_backward reads
         probabilities = _attention_probs(c, probs)
         blocks = _row_blocks(T, bool(c.params.get("causal", True)))
         probs_g, out_g = _by_kv_head(probs, kv_heads), _by_kv_head(out, kv_heads)
@@ -1103,7 +1112,7 @@ class Attention(Function):
 
         return run, (
             f"fused: q k^T, softmax in place, P v in {len(blocks)} causal row block(s); "
-            "no copies of q, k, v"
+            f"no copies of q, k, v; P {'kept for backward' if keep else 'not kept'}"
         )
 
     def compiled_backward(self, c):
@@ -1116,8 +1125,10 @@ class Attention(Function):
         scale = attention._scale(g)
         causal, kv_heads = bool(c.params.get("causal", True)), k.shape[1]
         B, H, T, D = g.shape
-        probs, dp = (c.scratch((B, H, T, T), g.dtype) for _ in range(2))
-        probabilities = _attention_probs(c, probs)  # P again, from q and k
+        kept = self.saved  # (P,) from the forward, or () when it is recomputed here
+        probs = kept[0] if kept else c.scratch((B, H, T, T), g.dtype)
+        dp = c.scratch((B, H, T, T), g.dtype)
+        probabilities = _attention_probs(c, probs) if not kept else None  # P again, from q and k
         rows = probs.size // probs.shape[-1]
         p2, dp2 = probs.reshape(rows, -1), dp.reshape(rows, -1)
         probs_g, dp_g, g_g = (_by_kv_head(a, kv_heads) for a in (probs, dp, g))
@@ -1164,7 +1175,8 @@ class Attention(Function):
             steps.append((key, then))
 
         def run() -> None:
-            probabilities()
+            if probabilities is not None:
+                probabilities()
             vv = vals[v.id][:, :, None]
             for r0, r1 in blocks:
                 matmul(g_g[..., r0:r1, :], vv[..., :r1, :].swapaxes(-1, -2), dp_g[..., r0:r1, :r1])
@@ -1174,7 +1186,10 @@ class Attention(Function):
                 if then is not None:
                     then()
 
-        return run, "fused: P recomputed, four batched products (causal row blocks), one Numba pass"
+        return run, (
+            f"fused: P {'from the forward' if kept else 'recomputed'}, four batched products "
+            "(causal row blocks), one Numba pass"
+        )
 
     def batch_axis(self, axes, c):  # over (B, H, T, D): each batch row attends to its own
         return 0 if axes == [0, 0, 0] and len(c.out_shape) == 4 else None
@@ -1198,6 +1213,12 @@ class Attention(Function):
         a = kernels.softmax_forward(scores)
         return _attention_jvp(q, k, v, a, q_dot, k_dot, v_dot, scale)
 
+
+# The fused attention keeps P for its backward while P is at most this many times the size of q
+# (T <= 4 D: T 256 for heads of 64). SmolLM2-135M's fine-tuning step (a shard of 2 rows x T 256,
+# 9 heads, 30 layers): 141 MiB a shard kept, ~65 ms a shard's step less (q k^T and the softmax
+# not run again in backward). Longer sequences grow P as T^2: it is recomputed beyond.
+KEEP_PROBS_RATIO = 4
 
 # Causal products skip the masked future a block of query rows at a time: rows r0:r1 need keys
 # :r1 only (T = 256: 10 of 16 (64 x 64) blocks of each T x T product; blocks of 32 ran slower).

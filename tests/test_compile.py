@@ -180,6 +180,21 @@ def test_causal_row_blocks_within_1e_12(monkeypatch):
         assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
 
 
+@pytest.mark.parametrize("ratio", [0, 4])
+def test_attention_probabilities_kept_or_recomputed_within_1e_12(monkeypatch, ratio):
+    # T 16, D 8: P is twice the size of q; kept for backward at ratio 4, recomputed at ratio 0
+    monkeypatch.setattr(F, "KEEP_PROBS_RATIO", ratio)
+    plans = []
+    losses, _, p1, p2, _ = _run(np.float64, fusion=True, steps=4, plans=plans)
+    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-12)
+    for name in p1:
+        assert _norm_relative(p2[name], p1[name]) <= 1e-12, name
+    text = plans[0]().describe()
+    kept, recomputed = ("P kept for backward", "P from the forward"), ("P not kept", "P recomputed")
+    said = kept if ratio else recomputed
+    assert all(text.count(s) == 2 for s in said)  # both layers
+
+
 def test_fusion_on_float32_within_the_measured_bound():
     losses, _, p1, p2, _ = _run(np.float32, fusion=True)
     np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=FLOAT32_LOSS_BOUND)

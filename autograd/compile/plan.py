@@ -565,6 +565,17 @@ class Plan:
         self.release_at.setdefault(position, []).append(buf)
         return buf
 
+    def kept(self, node: Node, shape: tuple, dtype: Any, position: int) -> np.ndarray:
+        """An arena buffer that node's forward writes and its backward reads, released after
+        that backward (a checkpointed segment's first forward: after that forward, since the
+        recomputation keeps a buffer of its own; an op without backward: after its forward)."""
+        buf = self.arena.take(shape, dtype)
+        backward = self.pos_b.get(id(node), position)
+        if id(node) in self.segment_of and not self.recomputing:
+            backward = position
+        self.release_at.setdefault(backward, []).append(buf)
+        return buf
+
     def _set_leaf_grads(self) -> Callable[[], None]:
         pairs = [(v.tensor, self.grads[v.id]) for v in self.leaves if v.id in self.has_grad]
 
@@ -739,6 +750,11 @@ class OpContext:
     def scratch(self, shape: tuple, dtype: Any) -> np.ndarray:
         """A buffer for this step alone (back to the arena after it)."""
         return self.plan.scratch(shape, dtype, self.position)
+
+    def kept(self, shape: tuple, dtype: Any) -> np.ndarray:
+        """A buffer this op's forward writes for its backward to read (back to the arena after
+        the backward: Plan.kept)."""
+        return self.plan.kept(self.node, shape, dtype, self.position)
 
     @staticmethod
     def then(*posts: Callable[[], Any] | None) -> Callable[[], None]:
