@@ -702,15 +702,35 @@ class CrossEntropy(Function):
         return dlogits.reshape(logits.shape)
 
     # compiled: the Numba pass of kernels.cross_entropy_forward, the loss only in forward and
-    # the gradient straight into the logits' gradient buffer in backward
+    # the gradient straight into the logits' gradient buffer in backward. With fusion=True the
+    # forward also keeps each row's max and sum of exp (two numbers a row), and the backward is
+    # then one pass a row instead of three (the same values: softmax._cross_entropy_grad_rows)
     def compiled_forward(self, c):
         if not c.numba:
             return None
+        from autograd.kernels import softmax
+
         vals, logits, out = c.vals, c.inputs[0].id, c.out
         targets, ignore_index = c.params["targets"], c.params.get("ignore_index", -100)
-        return (lambda: self.forward(vals[logits], targets, ignore_index, out)), (
-            "Numba pass, the loss only"
-        )
+        if c.fusion is not True:
+            return (lambda: self.forward(vals[logits], targets, ignore_index, out)), (
+                "Numba pass, the loss only"
+            )
+        vocab = c.inputs[0].shape[-1]
+        rows = math.prod(c.inputs[0].shape) // vocab
+        row_loss, row_max, row_sum = np.empty(rows), np.empty(rows, out.dtype), np.empty(rows)
+        self.saved = (row_max, row_sum)  # what compiled_backward reads
+
+        def run() -> None:
+            x, flat, _, kept = softmax._check_cross_entropy(
+                vals[logits].reshape(rows, vocab), targets.reshape(-1), ignore_index
+            )
+            softmax._cross_entropy_stats_rows(
+                x.size, x, flat, ignore_index, row_loss, row_max, row_sum
+            )
+            out[...] = float(np.sum(row_loss)) / kept if kept else 0.0
+
+        return run, "Numba pass: the loss, and each row's max and sum of exp kept for backward"
 
     def compiled_backward(self, c):
         from autograd.kernels import softmax
@@ -719,18 +739,26 @@ class CrossEntropy(Function):
         targets, ignore_index = c.params["targets"].reshape(-1), c.params.get("ignore_index", -100)
         gl, then = c.grad(0)
         gl_rows = gl.reshape(-1, gl.shape[-1])
-        row_loss = np.empty(gl_rows.shape[0], np.float64)
+        stats = self.saved if c.fusion is True else None  # (row max, row sum) from the forward
+        row_loss = np.empty(gl_rows.shape[0], np.float64) if stats is None else None
 
         def run() -> None:
             kept = max(int(np.count_nonzero(targets != ignore_index)), 1)
             scale = float(g) / kept  # as kernels.cross_entropy_forward(..., grad_scale=g)
             rows = vals[logits.id].reshape(gl_rows.shape)
-            softmax._cross_entropy_rows(
-                rows.size, rows, targets, ignore_index, scale, True, row_loss, gl_rows
-            )
+            if stats is not None:
+                softmax._cross_entropy_grad_rows(
+                    rows.size, rows, targets, ignore_index, *stats, scale, gl_rows
+                )
+            else:
+                softmax._cross_entropy_rows(
+                    rows.size, rows, targets, ignore_index, scale, True, row_loss, gl_rows
+                )
             if then is not None:
                 then()
 
+        if stats is not None:
+            return run, "Numba pass into the logits' gradient, from the forward's row max and sum"
         return run, "Numba pass into the logits' gradient"
 
     def batch_mean(self, params):  # the mean over the rows whose target is not ignored

@@ -787,3 +787,27 @@ def test_fused_attention_probs_backward_matches_the_softmax_backward(dt, causal)
     assert_close(got, want, dt, 3)
     if causal:
         assert not np.triu(got.reshape(heads, t, t), 1).any()
+
+
+@given(cross_entropy_inputs(), st.sampled_from([1.0, 0.25, -3.0]))
+@settings(deadline=None)
+def test_cross_entropy_kept_row_stats_match_reference(inputs, grad_scale):
+    # the compiled step's pair (fusion=True): the forward keeps each row's max and sum of exp,
+    # the backward makes the gradient from them in one pass
+    logits, targets, scale = inputs
+    dt, n = logits.dtype.type, len(targets)
+    loss_ref, d_ref = softmax.cross_entropy_forward_numpy(logits, targets, -100, True, grad_scale)
+    row_loss, row_max, row_sum = np.empty(n), np.empty(n, logits.dtype), np.empty(n)
+    kept = int(np.count_nonzero(targets != -100))
+    inv_n = grad_scale / max(kept, 1)
+    d = np.full_like(logits, np.nan)  # every entry must be written, ignored rows with zeros
+    for build in ("serial", "parallel"):
+        stats = getattr(softmax._cross_entropy_stats_rows, build)
+        grad = getattr(softmax._cross_entropy_grad_rows, build)
+        stats(logits, targets, -100, row_loss, row_max, row_sum)
+        grad(logits, targets, -100, row_max, row_sum, inv_n, d)
+        loss = float(np.sum(row_loss)) / kept if kept else 0.0
+        tol = 1e-10 if dt == np.float64 else 1e-5
+        assert loss == pytest.approx(loss_ref, rel=tol, abs=tol * scale)
+        assert_close(d, d_ref, dt, abs(grad_scale) / n)
+        assert not d[targets == -100].any()

@@ -258,6 +258,46 @@ def _cross_entropy_rows(logits, targets, ignore_index, inv_n, need_grad, row_los
         row_loss[r] = (m - row[t]) + np.log(s)
 
 
+# The compiled step's cross-entropy (CrossEntropy.compiled_forward / _backward, fusion=True): the
+# forward keeps each row's max m and sum s of exp(x - m), so that the backward is one pass per
+# row (no max, no sum, no second pass to scale): the gradient in one write instead of three
+# passes. The values are _cross_entropy_rows's, computed the same way (its reference:
+# cross_entropy_forward_numpy).
+
+
+@Kernel
+def _cross_entropy_stats_rows(logits, targets, ignore_index, row_loss, row_max, row_sum):
+    """Per row: the loss, the max m and s = sum exp(x - m) in float64 (for the grad pass)."""
+    for r in prange(logits.shape[0]):
+        t = targets[r]
+        if t == ignore_index:
+            row_loss[r] = 0.0
+            continue
+        row = logits[r]
+        m = _max(row)
+        s = 0.0
+        for j in range(row.size):
+            s += exp(row[j] - m)
+        row_max[r], row_sum[r] = m, s
+        row_loss[r] = (m - row[t]) + np.log(s)
+
+
+@Kernel
+def _cross_entropy_grad_rows(logits, targets, ignore_index, row_max, row_sum, inv_n, dlogits):
+    """dlogits = (exp(x - m) / s - onehot(t)) inv_n per row (m, s: _cross_entropy_stats_rows)."""
+    for r in prange(logits.shape[0]):
+        t = targets[r]
+        d = dlogits[r]
+        if t == ignore_index:
+            d[:] = 0
+            continue
+        row, m = logits[r], row_max[r]
+        scale = d.dtype.type(inv_n / row_sum[r])  # as _cross_entropy_rows: one division per row
+        for j in range(row.size):
+            d[j] = exp(row[j] - m) * scale
+        d[t] -= inv_n
+
+
 def softmax_forward_numba(x):
     """Numba softmax over the last axis; same contract as softmax_forward_numpy."""
     x = float_array(x, "softmax_forward", "x")
