@@ -546,16 +546,21 @@ class RMSNorm(Function):
         vals, g, (x, w), (rstd,) = c.vals, c.g, c.inputs, self.saved
         cols = g.shape[-1]
         rows = g.size // cols
+        need_w = w.requires_grad  # a frozen weight (LoRA): its gradient is not made at all
         gw_part, gw64 = np.zeros((min(layernorm.GRAD_CHUNKS, rows), cols)), np.empty(cols)
         gx, post_x = c.grad_or_scratch(0, (rows, cols))
-        gw, post_w = c.grad_or_scratch(1, (cols,))
+        gw, post_w = c.grad(1, (cols,)) if need_w else (None, None)
         g2, then = g.reshape(rows, cols), c.then(post_x, post_w)
 
         def run() -> None:
-            gw_part.fill(0)
             xv = vals[x.id].reshape(rows, cols)
-            layernorm._rms_norm_backward_chunks(g.size, g2, xv, vals[w.id], rstd, gx, gw_part)
-            np.copyto(gw, np.sum(gw_part, axis=0, out=gw64), casting="same_kind")
+            if need_w:
+                gw_part.fill(0)
+            layernorm._rms_norm_backward_chunks(
+                g.size, g2, xv, vals[w.id], rstd, gx, gw_part, need_w
+            )
+            if need_w:
+                np.copyto(gw, np.sum(gw_part, axis=0, out=gw64), casting="same_kind")
             then()
 
         return run, "Numba kernel into the gradient buffers"

@@ -242,7 +242,8 @@ def _rms_norm_rows(x, weight, eps, y, rstd):
 
 
 @Kernel
-def _rms_norm_backward_chunks(gy, x, weight, rstd, gx, gweight_part):
+def _rms_norm_backward_chunks(gy, x, weight, rstd, gx, gweight_part, need_w):
+    """gx, and each chunk's partial sum of gw (when need_w: a frozen weight's is not made)."""
     rows, n = x.shape
     chunks = gweight_part.shape[0]
     for c in prange(chunks):
@@ -253,7 +254,8 @@ def _rms_norm_backward_chunks(gy, x, weight, rstd, gx, gweight_part):
             for j in range(n):
                 xhat = x[r, j] * rs
                 sum_uxhat += gy[r, j] * weight[j] * xhat
-                gw[j] += gy[r, j] * xhat
+                if need_w:
+                    gw[j] += gy[r, j] * xhat
             mean_uxhat = sum_uxhat / n
             for j in range(n):
                 gx[r, j] = rs * (gy[r, j] * weight[j] - x[r, j] * rs * mean_uxhat)
@@ -277,6 +279,6 @@ def rms_norm_backward_numba(gy, x, weight, rstd):
     gweight_part = np.zeros((min(GRAD_CHUNKS, rows.shape[0]), rows.shape[1]), np.float64)
     _rms_norm_backward_chunks(
         x.size, gy.reshape(rows.shape), rows, weight, rstd.reshape(-1), gx.reshape(rows.shape),
-        gweight_part,
+        gweight_part, True,
     )  # fmt: skip
     return gx, gweight_part.sum(axis=0).astype(x.dtype)
