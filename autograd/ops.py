@@ -144,16 +144,25 @@ class Add(Op):
 
     def compiled_backward(self, c):  # g into each input's gradient (summed back if broadcast)
         g = c.g
+        # one input may take g's buffer itself as its gradient (no copy); the other gets a copy
+        taken = next(
+            (i for i, v in enumerate(c.inputs) if v.requires_grad and c.take_grad(i)), None
+        )
         targets = [
             (c.add_grad(i), None if v.shape == g.shape else v.shape)
             for i, v in enumerate(c.inputs)
-            if v.requires_grad
+            if v.requires_grad and i != taken
         ]
 
         def run() -> None:
             for target, shape in targets:
                 target(g if shape is None else unbroadcast(g, shape))
 
+        if taken is not None:
+            return (
+                run,
+                f"gradient handed down to input {taken} (no copy), copied / added into the other's",
+            )
         return run, "gradient copied / added into the inputs' buffers"
 
     def batch_axis(self, axes, c):  # the operands' batch axes, aligned at the right, agree

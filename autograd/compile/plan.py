@@ -205,6 +205,7 @@ class Plan:
         self.phases: dict[int, dict] = {}  # a checkpointed segment's arrays and RNG states
         self.has_grad: set[int] = set()
         self.aliased: set[int] = set()  # gradients that are views of another value's gradient
+        self.handed_down: set[int] = set()  # gradients whose buffer became an input's (take_grad)
         self.compiled: set[int] = set()
         self.consumers: dict[int, list[Node]] = {}
         for node in rec.nodes:
@@ -379,6 +380,7 @@ class Plan:
     def _backward(self, root: Value, steps: list) -> None:
         seed = np.ones(root.shape, root.dtype) if self.shard is None else self.shard.seed
         self.grads[root.id] = seed
+        self.backward_root = root.id
         self.has_grad.add(root.id)
         carried = self._carry_leaf_grads()
         hand_offs = self._hand_offs(steps)
@@ -393,8 +395,9 @@ class Plan:
                 self._hand_off(leaf, position)
             self._end_of(position)
             out = node.out.id
-            if out != root.id and self.grads[out] is not None and out not in self.aliased:
-                self.arena.release(self.grads[out])
+            if out != root.id and self.grads[out] is not None:
+                if out not in self.aliased and out not in self.handed_down:
+                    self.arena.release(self.grads[out])
         if carried:
             self._emit(self._add_carried(carried), "leaf .grad += this backward's gradients")
         if self.shard is None:
@@ -515,6 +518,29 @@ class Plan:
             else:  # an op's output, or a shard's own gradient of a parameter (handed off)
                 self.grads[v.id] = self.arena.take(v.shape, v.dtype)
         return self.grads[v.id]
+
+    def take_grad(self, node: Node, i: int) -> bool:
+        """Give input i of node (an add, whose output is no view) the output's gradient buffer
+        itself as its gradient, when that gradient is exactly the output's (an operand of the
+        same shape): no copy. Only for an op's output that is not a view (its gradient may have
+        to be a region of its input's) and has no gradient yet (else the buffer holds earlier
+        contributions), and an output gradient that is an arena buffer (not the backward's
+        seed). The caller hands a buffer to one input at most. The buffer goes back to the arena
+        after that input's producer's backward instead of after node's."""
+        v, out = node.inputs[i], node.out
+        takes = (
+            v.kind == "op"
+            and v.requires_grad
+            and view_input(v.node) is None
+            and v.id not in self.has_grad
+            and (v.shape, v.dtype) == (out.shape, out.dtype)
+            and out.id != self.backward_root
+        )
+        if takes:
+            self.grads[v.id] = self.grads[out.id]
+            self.has_grad.add(v.id)
+            self.handed_down.add(out.id)
+        return takes
 
     def _alias_base(self, v: Value) -> Value | None:
         """The input whose gradient buffer v's gradient can be a view of (see grad_buffer)."""
@@ -746,6 +772,11 @@ class OpContext:
         v = self.inputs[i]
         first = v.id not in self.plan.has_grad
         return self.plan.grad_buffer(v, self.position), first
+
+    def take_grad(self, i: int) -> bool:
+        """Whether input i's gradient is now the output's gradient buffer itself (Plan.take_grad):
+        then nothing is to be written for it."""
+        return self.plan.take_grad(self.node, i)
 
     def scratch(self, shape: tuple, dtype: Any) -> np.ndarray:
         """A buffer for this step alone (back to the arena after it)."""
