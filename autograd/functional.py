@@ -1120,8 +1120,8 @@ class Attention(Function):
         T, D = c.inputs[0].shape[2:]
         return T <= KEEP_PROBS_RATIO * D
 
-    def backward_reads(self, c):  # q, k, v (P is recomputed from q and k), not the output
-        return (0, 1, 2) if self._fused(c) else None
+    def backward_reads(self, c):  # q, k, v (dP = g v^T, gq = dS k, gk = dS^T q, P recomputed
+        return (0, 1, 2) if self._fused(c) else None  # from q and k if not kept), not the output
 
     def compiled_forward(self, c):  # o = P v
         if not self._fused(c):
@@ -1249,7 +1249,7 @@ class Attention(Function):
 
 # The fused attention keeps P for its backward while P is at most this many times the size of q
 # (T <= 4 D: T 256 for heads of 64). SmolLM2-135M's fine-tuning step (a shard of 2 rows x T 256,
-# 9 heads, 30 layers): 141 MiB a shard kept, ~65 ms a shard's step less (q k^T and the softmax
+# 9 heads, 30 layers): 135 MiB of P a shard, ~65 ms a shard's step less (q k^T and the softmax
 # not run again in backward). Longer sequences grow P as T^2: it is recomputed beyond.
 KEEP_PROBS_RATIO = 4
 
