@@ -232,6 +232,12 @@ def test_an_add_hands_its_gradient_buffer_down_only_where_that_is_exact():
     text = _grads_eager_and_compiled(lambda x, w0, w1: ((x * w0).tanh() + w1).sum(), 2)
     assert "gradient handed down to input 0 (no copy)" in text
 
+    def doubled(x, w0, w1):  # t + t: t takes the buffer, then its second share is added in
+        t = (x * w0).tanh()
+        return (t + t).sum() + w1.sum()
+
+    _grads_eager_and_compiled(doubled, 2)
+
     # not to a view whose gradient is a region of its input's (q, k, v of one product) ...
     def qkv(x, w0, w1):
         h = x * w0
