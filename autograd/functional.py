@@ -1165,7 +1165,7 @@ class Attention(Function):
         rows = probs.size // probs.shape[-1]
         p2, dp2 = probs.reshape(rows, -1), dp.reshape(rows, -1)
         probs_g, dp_g, g_g = (_by_kv_head(a, kv_heads) for a in (probs, dp, g))
-        blocks = _row_blocks(T, causal)
+        blocks, block = _row_blocks(T, causal), CAUSAL_BLOCK
 
         def per_query_head(i: int) -> tuple[np.ndarray, Any]:
             """(buffer for the products, then-what) for K or V's gradient: the gradient's own
@@ -1213,7 +1213,7 @@ class Attention(Function):
             vv = vals[v.id][:, :, None]
             for r0, r1 in blocks:
                 matmul(g_g[..., r0:r1, :], vv[..., :r1, :].swapaxes(-1, -2), dp_g[..., r0:r1, :r1])
-            attention._probs_backward(dp.size, p2, dp2, causal, scale)  # in place: dS
+            attention._probs_backward(dp.size, p2, dp2, causal, scale, block)  # in place: dS
             for step, then in steps:
                 step()
                 if then is not None:
@@ -1255,6 +1255,7 @@ KEEP_PROBS_RATIO = 4
 
 # Causal products skip the masked future a block of query rows at a time: rows r0:r1 need keys
 # :r1 only (T = 256: 10 of 16 (64 x 64) blocks of each T x T product; blocks of 32 ran slower).
+# The softmax passes zero the future of rows r0:r1 up to key r1 only, where the products stop.
 CAUSAL_BLOCK = 64
 
 
@@ -1274,21 +1275,22 @@ def _by_kv_head(a: np.ndarray, kv_heads: int) -> np.ndarray:
 
 def _attention_probs(c: Any, probs: np.ndarray) -> Any:
     """A step writing P = softmax(q k^T scale) into probs, over the allowed key blocks (causal:
-    the future set to 0), for Attention's compiled forward and backward (c: its OpContext)."""
+    the future set to 0 inside each row block, and beyond the block's keys not written at all:
+    no product reads there), for Attention's compiled forward and backward (c: its OpContext)."""
     from autograd.kernels import attention
 
     vals, (q, k), matmul = c.vals, (x.id for x in c.inputs[:2]), c.matmul
     causal, kv_heads = bool(c.params.get("causal", True)), c.inputs[1].shape[1]
     B, H, T, _ = probs.shape
     heads, lse = probs.reshape(B * H, T, T), np.empty((B * H, T), probs.dtype)
-    scale, blocks = attention._scale(vals[q]), _row_blocks(T, causal)
+    scale, blocks, block = attention._scale(vals[q]), _row_blocks(T, causal), CAUSAL_BLOCK
     probs_g = _by_kv_head(probs, kv_heads)
 
     def run() -> None:
         qv, kv = _by_kv_head(vals[q], kv_heads), vals[k][:, :, None]
         for r0, r1 in blocks:
             matmul(qv[..., r0:r1, :], kv[..., :r1, :].swapaxes(-1, -2), probs_g[..., r0:r1, :r1])
-        attention._probs_forward(probs.size, heads, scale, causal, 0, lse, 0)
+        attention._probs_forward(probs.size, heads, scale, causal, 0, lse, 0, block)
 
     return run
 

@@ -783,10 +783,39 @@ def test_fused_attention_probs_backward_matches_the_softmax_backward(dt, causal)
     dp = rng.standard_normal(p.shape).astype(dt)
     want = softmax.softmax_backward_numpy(p, dp) * dt(0.25)
     got = dp.copy()
-    attention._probs_backward.serial(p, got, causal, dt(0.25))
+    attention._probs_backward.serial(p, got, causal, dt(0.25), t)
     assert_close(got, want, dt, 3)
     if causal:
         assert not np.triu(got.reshape(heads, t, t), 1).any()
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("block", [1, 5, 16, 37])
+def test_fused_attention_zeroes_the_future_up_to_its_row_block_only(dt, block):
+    # the compiled fused attention's two softmax passes write 0 in the masked future of query i
+    # up to the end of its row block, min(T, (i // block + 1) * block), where its products stop,
+    # and nothing beyond it (arena memory there keeps whatever it held)
+    rng = np.random.default_rng(1)
+    heads, t = 2, 37
+    scores = rng.standard_normal((heads, t, t)).astype(dt)
+    stop = np.minimum(t, (np.arange(t) // block + 1) * block)[:, None]
+    key = np.arange(t)[None, :]
+    allowed, zeroed = key <= np.arange(t)[:, None], (key > np.arange(t)[:, None]) & (key < stop)
+    want = softmax.softmax_forward_numpy(np.where(allowed, scores, -np.inf))
+    probs, lse = np.where(allowed, scores, np.nan).astype(dt), np.empty((heads, t), dt)
+    attention._probs_forward.serial(probs, dt(1.0), True, 0, lse, 0, block)
+    assert_close(np.where(allowed, probs, 0), want, dt, 3)
+    assert not probs[:, zeroed].any()
+    assert np.isnan(probs[:, ~allowed & ~zeroed]).all()
+    dp = rng.standard_normal((heads * t, t)).astype(dt)
+    got = np.where(np.tile(allowed, (heads, 1)), dp, np.nan).astype(dt)
+    p = np.where(np.tile(allowed, (heads, 1)), want.reshape(-1, t), np.nan).astype(dt)
+    attention._probs_backward.serial(p, got, True, dt(0.5), block)
+    full = np.tile(allowed, (heads, 1))
+    ref = softmax.softmax_backward_numpy(want.reshape(-1, t), np.where(full, dp, 0)) * dt(0.5)
+    assert_close(np.where(full, got, 0), ref, dt, 3)
+    assert not got[np.tile(zeroed, (heads, 1))].any()
+    assert np.isnan(got[np.tile(~allowed & ~zeroed, (heads, 1))]).all()
 
 
 @given(cross_entropy_inputs(), st.sampled_from([1.0, 0.25, -3.0]))

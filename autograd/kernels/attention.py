@@ -154,12 +154,13 @@ def attention_backward_numpy(q, k, v, o, lse, go, causal=True):
 
 
 @Kernel
-def _probs_forward(s, scale, causal, first, lse, i0):
+def _probs_forward(s, scale, causal, first, lse, i0, block):
     """Scores -> probabilities in place, one row per (head, query); lse[bh, i0 + r] per row.
 
     s is (heads, n, width) = q_block k^T (unscaled). Row r may read keys j < first + r + 1 when
-    causal (first = i0 + Tk - Tq); the rest of the row (the masked future inside the diagonal
-    block) is set to 0, so the products with v that follow ignore it.
+    causal (first = i0 + Tk - Tq); the masked future inside the diagonal block is set to 0, so
+    the products with v that follow ignore it: up to the end of row r's block of `block` columns
+    (r // block + 1) * block, where the products stop (block = width: the whole row).
     """
     n_heads, n, width = s.shape
     for task in prange(n_heads * n):
@@ -177,7 +178,7 @@ def _probs_forward(s, scale, causal, first, lse, i0):
         inv = row.dtype.type(1.0) / total
         for j in range(end):
             row[j] = row[j] * inv
-        row[end:] = 0
+        row[end : min(width, (r // block + 1) * block)] = 0
         lse[bh, i0 + r] = m * scale + np.log(total)
 
 
@@ -202,11 +203,12 @@ def _ds_backward(s, dp, lse, di, scale, causal, first, i0):
 
 
 @Kernel
-def _probs_backward(p, dp, causal, scale):
+def _probs_backward(p, dp, causal, scale, block):
     """In place: dp (= go v^T) -> dS = P (dP - rowsum(P dP)) scale, row by row (notes 10.5).
 
     p and dp are (rows, T) for self-attention (Tq = Tk) with P kept; when causal, row r (query
-    r % T) reads only its keys j <= r % T and the masked future is set to 0 (where P is 0).
+    i = r % T) reads only its keys j <= i, and its masked future is set to 0 (where P is 0) up
+    to the end of its block of `block` columns, (i // block + 1) * block, as _probs_forward's.
     The compiled step's fused attention backward (Attention.compiled_backward); the scale is
     applied here, to the contiguous dS, not afterwards to gq and gk (strided views: 4x slower
     per value).
@@ -219,7 +221,7 @@ def _probs_backward(p, dp, causal, scale):
             d += p[r, j] * dp[r, j]
         for j in range(end):
             dp[r, j] = p[r, j] * (dp[r, j] - d) * scale
-        for j in range(end, width):
+        for j in range(end, min(width, (end - 1) // block * block + block)):
             dp[r, j] = 0
 
 
@@ -344,7 +346,7 @@ def attention_forward_numba(q, k, v, causal=True):
         s = _scratch(buffer, n_heads, i1 - i0, width)
         sg = _grouped(s, n_kv)
         np.matmul(qg[:, :, i0:i1], kT[..., :width], out=sg)
-        _probs_forward(s.size, s, scale, causal, i0 + tk - tq, lse, i0)
+        _probs_forward(s.size, s, scale, causal, i0 + tk - tq, lse, i0, width)
         np.matmul(sg, vg[:, :, :width], out=og[:, :, i0:i1])
     return o, lse.reshape(q.shape[:3])
 
