@@ -238,7 +238,7 @@ class Rotary(Op):
         if c.numba and out.ndim == 4 and cos.ndim == 2:
             from autograd.kernels import rotary
 
-            return (lambda: rotary._rotate(out.size, source(), cos, sin, out)), "one Numba pass"
+            return (lambda: rotary.rotate_into(source(), cos, sin, out)), "one Numba pass"
         scratch = c.scratch((*out.shape[:-1], out.shape[-1] // 2), out.dtype)
         return (lambda: _rotate_into(source(), cos, sin, out, scratch)), "numpy ufuncs into out"
 

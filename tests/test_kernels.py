@@ -719,14 +719,24 @@ def test_rotary_kernel_gives_the_eager_rotation_bit_for_bit(seed, dt, bht, half,
     np.testing.assert_array_equal(eager.data, want)
     np.testing.assert_array_equal(xt.grad, rotary.rotate_numpy(g, cos, -sin))
     for build in (rotary._rotate.serial, rotary._rotate.parallel):
+
+        def rotate(a, cos, sin, out, build=build):  # rotate_into's dispatch, with this build
+            (av, a_swapped), (ov, o_swapped) = map(rotary._position_major, (a, out))
+            build(av, a_swapped, cos, sin, ov, o_swapped)
+
+        # out contiguous (the forward), or a transposed view like x (the backward's gradient)
+        for out in (np.empty(x.shape, dt), np.empty((b, t, h, 2 * half), dt).transpose(0, 2, 1, 3)):
+            out[...] = np.nan
+            rotate(x, cos, sin, out)
+            np.testing.assert_array_equal(out, want)
+            rotate(g, cos, -sin, out)
+            np.testing.assert_array_equal(out, xt.grad)
+        for inplace in (x.copy(), x.copy(order="K")):  # contiguous, and the transposed view
+            rotate(inplace, cos, sin, inplace)
+            np.testing.assert_array_equal(inplace, want)
         out = np.full(x.shape, np.nan, dt)
-        build(x, cos, sin, out)
+        build(x, False, cos, sin, out, False)  # a strided array as it is (Numba's any-layout build)
         np.testing.assert_array_equal(out, want)
-        build(g, cos, -sin, out)
-        np.testing.assert_array_equal(out, xt.grad)
-        inplace = x.copy()
-        build(inplace, cos, sin, inplace)
-        np.testing.assert_array_equal(inplace, want)
 
 
 @given(seeds, dtypes, st.integers(1, 70), st.integers(1, 70), st.integers(1, 4))

@@ -25,15 +25,38 @@ def rotate_numpy(x, cos, sin):
 
 
 @Kernel
-def _rotate(x, cos, sin, out):
+def _rotate(x, x_by_position, cos, sin, out, out_by_position):
     """x (B, H, T, D) rotated into out (B, H, T, D), which may be x itself (rotate_numpy's
-    values); cos and sin (T, D / 2). A head's pair is read before either is written."""
-    batch, heads, positions, width = x.shape
+    values); cos and sin (T, D / 2). A head's pair is read before either is written. Either
+    array may be given as its (B, T, H, D) view instead (x_by_position, out_by_position): see
+    rotate_into."""
+    batch, width = x.shape[0], x.shape[3]
+    heads, positions = (x.shape[2], x.shape[1]) if x_by_position else (x.shape[1], x.shape[2])
     half = width // 2
     for bh in prange(batch * heads):
         b, h = bh // heads, bh % heads
         for t in range(positions):
+            xr = x[b, t, h] if x_by_position else x[b, h, t]
+            o = out[b, t, h] if out_by_position else out[b, h, t]
             for i in range(half):
-                x1, x2 = x[b, h, t, i], x[b, h, t, half + i]
-                out[b, h, t, i] = x1 * cos[t, i] - x2 * sin[t, i]
-                out[b, h, t, half + i] = x1 * sin[t, i] + x2 * cos[t, i]
+                x1, x2 = xr[i], xr[half + i]
+                o[i] = x1 * cos[t, i] - x2 * sin[t, i]
+                o[half + i] = x1 * sin[t, i] + x2 * cos[t, i]
+
+
+def rotate_into(x, cos, sin, out):
+    """out = x rotated by the angles of cos and sin (T, D / 2): x and out (B, H, T, D), out may be
+    x. Attention's heads are usually a transposed view of a projection's (B, T, H, D) output (or
+    gradient): such an array is handed to the kernel as that C-contiguous view, whose rows Numba
+    vectorises (as a strided 4-d array it ran ~2.4x slower: (2, 9, 256, 64) 0.17 vs 0.07 ms)."""
+    (xv, x_by_position), (ov, out_by_position) = _position_major(x), _position_major(out)
+    _rotate(out.size, xv, x_by_position, cos, sin, ov, out_by_position)
+
+
+def _position_major(a):
+    """(a, False); or (a's (B, T, H, D) view, True) when that view is C-contiguous and a is not."""
+    if not a.flags.c_contiguous:
+        swapped = a.transpose(0, 2, 1, 3)
+        if swapped.flags.c_contiguous:
+            return swapped, True
+    return a, False

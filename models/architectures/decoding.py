@@ -344,8 +344,8 @@ class DecodeStep:
             p, length = self.position, self.position + 1
             if self.rotation is not None:  # F.apply_rotary's values for position p
                 cos, sin = self.rotation[0][p : p + 1], self.rotation[1][p : p + 1]
-                rotary._rotate(q_heads.size, q_heads, cos, sin, q_heads)
-                rotary._rotate(k_heads.size, k_heads, cos, sin, k_heads)
+                rotary._rotate(q_heads.size, q_heads, False, cos, sin, q_heads, False)
+                rotary._rotate(k_heads.size, k_heads, False, cos, sin, k_heads, False)
             cache.k[:, :, p] = k  # the cache's append
             cache.v[:, :, p] = v
             args = (queries, keys, values, length, scale, outputs, self.lse, scores)
