@@ -221,7 +221,7 @@ def _probs_backward(p, dp, causal, scale, block):
             d += p[r, j] * dp[r, j]
         for j in range(end):
             dp[r, j] = p[r, j] * (dp[r, j] - d) * scale
-        for j in range(end, min(width, (end - 1) // block * block + block)):
+        for j in range(end, min(width, (r % width // block + 1) * block)):  # as _probs_forward
             dp[r, j] = 0
 
 
