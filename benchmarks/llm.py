@@ -92,10 +92,10 @@ def weight_bytes(model: Path, parameters: int) -> tuple[float, str]:
     the float32 parameters of a directory."""
     if model.suffix != ".gguf":
         return 4.0 * parameters, "float32"
-    from gguf import GGUFReader
+    from models.formats.gguf import open_reader
 
     by_type: dict[str, int] = {}
-    for tensor in GGUFReader(model).tensors:
+    for tensor in open_reader(model).tensors:
         kind = tensor.tensor_type.name
         by_type[kind] = by_type.get(kind, 0) + int(tensor.n_bytes)
     return float(sum(by_type.values())), max(by_type, key=by_type.get)  # the main type, by bytes

@@ -33,9 +33,9 @@ def from_pretrained(
 ) -> Decoder:
     """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
     model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama; or of a llama.cpp GGUF file (a
-    path ending in .gguf: models.formats.gguf, which needs the gguf package). Weights in dtype
-    (default float32). A hub name ("org/name", at `revision`) that is not a local path is fetched
-    (models.formats.hub).
+    path ending in .gguf: models.formats.gguf; its K-quant or IQ tensors need the gguf package).
+    Weights in dtype (default float32). A hub name ("org/name", at `revision`) that is not a local
+    path is fetched (models.formats.hub).
 
     A malformed file is a FileFormatError naming it and the field; a model too large for the
     memory available (or max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before allocating.
@@ -51,7 +51,7 @@ def from_pretrained(
         )
     path = resolve(path, revision)
     if path.suffix.lower() == ".gguf":
-        from models.formats import gguf  # the optional gguf package is imported only for GGUF files
+        from models.formats import gguf
 
         return gguf.load(path, dtype, max_bytes, quantize)
     if quantize == "gguf":

@@ -1,4 +1,4 @@
-"""GGUF files (models.formats.gguf): llama.cpp's format, read through the gguf package.
+"""GGUF files (models.formats.gguf): llama.cpp's format, read as the gguf package reads it.
 
 The fixtures in tests/fixtures/gguf are tiny llama-architecture models, one per tensor type
 (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K ... Q6_K) and one qwen2, written by gguf's
@@ -10,15 +10,18 @@ and float64 logits. make_fixtures.py there made them all. No torch or transforme
 import hashlib
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import models
+import nn
 from models.architectures.llama import Llama
 from models.formats import gguf as mg
 from models.formats.errors import FileFormatError
+from models.formats.gguf_header import GGML_TYPES
 
 gguf = pytest.importorskip("gguf")
 
@@ -93,8 +96,10 @@ def test_the_header_reader_reads_what_ggufs_reader_reads():
         assert ours.data_offset == theirs.data_offset, path
         assert len(ours.tensors) == len(theirs.tensors), path
         for mine, other in zip(ours.tensors, theirs.tensors, strict=True):
-            fields = ("name", "tensor_type", "n_elements", "n_bytes", "data_offset")
+            fields = ("name", "n_elements", "n_bytes", "data_offset")
             assert [getattr(mine, f) for f in fields] == [getattr(other, f) for f in fields], path
+            kind = other.tensor_type
+            assert mine.tensor_type[:2] == (int(kind), kind.name), (path, mine.name)
             assert mine.shape.tolist() == other.shape.tolist(), (path, mine.name)
             assert mine.data.dtype == other.data.dtype, (path, mine.name)
             np.testing.assert_array_equal(mine.data, other.data)
@@ -250,6 +255,36 @@ def test_tensor_of_the_wrong_shape(tmp_path):
     assert "[32, 16]" in str(err)
 
 
+def test_the_type_table_is_ggufs():
+    """gguf_header.GGML_TYPES: every type the gguf package knows, its code, name and sizes."""
+    expected = {
+        int(kind): (int(kind), kind.name, block, size)
+        for kind, (block, size) in gguf.GGML_QUANT_SIZES.items()
+    }
+    assert {code: tuple(t) for code, t in GGML_TYPES.items()} == expected
+
+
+OWN_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+
+
+def test_the_own_types_load_without_the_gguf_package(monkeypatch):
+    """Files of F32, F16, BF16, Q8_0, Q4_0 and Q4_1 tensors load with no gguf package installed
+    (the same bits as transformers'; quantize="gguf" keeps the blocks); a K-quant file says
+    what it needs. sys.modules["gguf"] = None makes `import gguf` fail as if not installed."""
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    monkeypatch.setattr(mg, "CHUNK_VALUES", 300)
+    files = [name for name, ref in REFS.items() if ref["type"] in OWN_TYPES]
+    assert {REFS[name]["type"] for name in files} == set(OWN_TYPES)
+    for name in files:
+        tensors = models.from_pretrained(FIXTURES / name).hf_tensors()
+        differ = [n for n, a in tensors.items() if sha256(a) != REFS[name]["sha256"][n]]
+        assert not differ, f"{name}: these differ from transformers' {differ}"
+    kept = models.from_pretrained(FIXTURES / "llama-Q4_1.gguf", quantize="gguf")
+    assert isinstance(kept.transformer.h[0].mlp.up_proj, nn.QuantizedLinear)
+    with pytest.raises(ImportError, match=r"reading Q4_K tensors needs the gguf package.*pip"):
+        models.from_pretrained(FIXTURES / "llama-Q4_K.gguf")
+
+
 def test_unsupported_tensor_type(tmp_path, monkeypatch):
     # F64: the writer can store it, gguf.quants.dequantize cannot read it (transformers neither);
     # refused before any tensor is read (it is the file's last)
@@ -258,8 +293,9 @@ def test_unsupported_tensor_type(tmp_path, monkeypatch):
     err = _refused(tmp_path, tensors={"blk.0.attn_norm.weight": np.ones(32, np.float64)})
     assert err.field == "blk.0.attn_norm.weight" and err.value == "F64"
     assert read == []
-    assert not mg.supported(gguf.GGMLQuantizationType.I32)
-    assert all(mg.supported(gguf.GGMLQuantizationType[t]) for t in ("BF16", "Q4_K", "IQ4_NL"))
+    by_name = {t.name: t for t in GGML_TYPES.values()}
+    assert not any(mg.supported(by_name[t]) for t in ("I32", "F64"))
+    assert all(mg.supported(by_name[t]) for t in ("BF16", "Q4_K", "IQ4_NL"))
 
 
 def test_tensor_the_model_does_not_have(tmp_path):

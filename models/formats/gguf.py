@@ -1,11 +1,12 @@
 """GGUF files (llama.cpp's format): a model from one, its metadata and its tensors.
 
 One home for reading GGUF: the metadata as a dict of plain Python values (read_metadata), the
-tensors' infos, and each tensor dequantized to a requested dtype with gguf.quants.dequantize,
-the same code transformers uses. The header itself is read by gguf_header.py (gguf's own
-GGUFReader costs ~170 MB on a real vocabulary). `gguf` is an optional dependency
-(`pip install glassgrad[gguf]`) for the tensor types and their dequantizers; it is imported only
-when a GGUF file is read.
+tensors' infos, and each tensor dequantized to a requested dtype. The header itself is read by
+gguf_header.py (gguf's own GGUFReader costs ~170 MB on a real vocabulary). F32, F16, BF16 and the
+block formats glassgrad keeps (Q8_0, Q4_0, Q4_1: autograd.quantized) are dequantized here, with
+the arithmetic of gguf.quants.dequantize (the code transformers uses; tests hold them bit-equal);
+the other types (the K-quants, the IQ types, ...) by gguf.quants itself, so only files of those
+need the optional `gguf` package (`pip install glassgrad[gguf]`).
 
 >>> meta = read_metadata("model.gguf")  # doctest: +SKIP
 >>> meta["general.architecture"], len(meta["tokenizer.ggml.tokens"])  # doctest: +SKIP
@@ -25,8 +26,7 @@ import numpy as np
 from autograd.quantized import FORMATS, QuantizedWeight, from_blocks
 from autograd.quantized import quantize as quantize_weight
 from models.formats.errors import FileFormatError
-from models.formats.gguf_header import GGUFHeader
-from models.formats.gguf_header import gguf_package as _gguf
+from models.formats.gguf_header import GGMLType, GGUFHeader
 from models.formats.quantized import QuantizedLoading
 
 
@@ -50,15 +50,17 @@ def read_metadata(source: str | Path | GGUFHeader) -> dict[str, Any]:
 
 # --- tensors ----------------------------------------------------------------------------------
 
-# Dequantize this many values at a time: gguf.quants makes a few float32 temporaries the size
-# of what it is given, so a whole 49152 x 576 embedding at once would cost several copies of it.
+# Dequantize this many values at a time: dequantizing makes a few float32 temporaries the size of
+# what it is given, so a whole 49152 x 576 embedding at once would cost several copies of it.
 CHUNK_VALUES = 1 << 20
+# the types dequantized here; every other one (but F64 and the integers) by gguf.quants
+OWN_TYPES = ("F32", "F16", "BF16", *(fmt.upper() for fmt in FORMATS))
 
 
 class TensorInfo(NamedTuple):
     """A tensor as the file describes it: `dims` in GGUF's order (ne0, the contiguous one, first),
     `shape` in numpy's (dims reversed: a (rows, columns) matrix of ne0 columns), `type` the
-    GGMLQuantizationType's name (F32, Q4_K, ...)."""
+    ggml type's name (F32, Q4_K, ...)."""
 
     name: str
     type: str
@@ -76,42 +78,73 @@ def _info(tensor: Any) -> TensorInfo:
     return TensorInfo(tensor.name, tensor.tensor_type.name, dims, dims[::-1])
 
 
-def supported(qtype: Any) -> bool:
-    """Whether gguf.quants.dequantize reads tensors of this GGMLQuantizationType: F32, F16 and
-    every type the installed package has a dequantizer for (BF16, Q4_0 ... Q8_0, the K-quants,
-    the IQ types...; not F64 or the integer types). Asked of the package itself, on one block
-    of zero bytes, so a newer gguf's types work without a change here."""
-    gguf = _gguf()
-    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+def gguf_package(why: str) -> Any:
+    """The `gguf` package, or an ImportError that says what needs it and how to get it."""
     try:
-        gguf.quants.dequantize(np.zeros((1, type_size), np.uint8), qtype)
-    except NotImplementedError:
+        import gguf
+    except ImportError:
+        raise ImportError(
+            f"{why} needs the gguf package (llama.cpp's reader): "
+            "pip install 'glassgrad[gguf]' (or pip install gguf)"
+        ) from None
+    return gguf
+
+
+def supported(tensor_type: GGMLType) -> bool:
+    """Whether a tensor of this type can be read as floats: the OWN_TYPES, and every type the
+    installed gguf package has a dequantizer for (the K-quants, the IQ types...; not F64 or the
+    integer types), asked of the package itself on one block of zero bytes, so a newer gguf's
+    types work without a change here. Another type without the package: an ImportError."""
+    if tensor_type.name in OWN_TYPES:
+        return True
+    if tensor_type.block_size == 1:  # F64 and the integers: never model weights
+        return False
+    gguf = gguf_package(f"reading {tensor_type.name} tensors")
+    try:
+        qtype = gguf.GGMLQuantizationType(tensor_type.code)
+        gguf.quants.dequantize(np.zeros((1, tensor_type.type_size), np.uint8), qtype)
+    except (ValueError, NotImplementedError):
         return False
     return True
 
 
+def _dequantize_rows(rows: np.ndarray, tensor_type: GGMLType) -> np.ndarray:
+    """A tensor's rows (a view of the file: plain values, or bytes per row) as float32 values,
+    as gguf.quants.dequantize makes them: F16 and BF16 widened exactly, d * q, d * (q - 8) and
+    d * q + m in float32 for the block formats (QuantizedWeight.dequantize_rows)."""
+    name = tensor_type.name
+    if name == "F32":
+        return rows
+    if name == "F16":
+        return rows.astype(np.float32)
+    if name == "BF16":  # the high half of a float32's bits
+        return (rows.view(np.int16).astype(np.int32) << 16).view(np.float32)
+    if name in OWN_TYPES:
+        n_in = rows.shape[-1] // tensor_type.type_size * tensor_type.block_size
+        return from_blocks(rows, name.lower(), n_in).dequantize_rows()
+    gguf = gguf_package(f"reading {name} tensors")
+    return gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(tensor_type.code))
+
+
 def dequantize(tensor: Any, dtype: Any, path: str | Path = "") -> np.ndarray:
-    """One tensor of the reader (a gguf ReaderTensor) as an array of `dtype` in numpy's shape
-    (GGUF's dims reversed), dequantized by gguf.quants.dequantize a group of rows at a time
-    straight into the result: the peak is the result plus one group's temporaries. Each row is
-    a whole number of blocks, so the values equal those of dequantizing the tensor at once."""
+    """One tensor of the reader (a TensorRecord) as an array of `dtype` in numpy's shape (GGUF's
+    dims reversed), dequantized a group of rows at a time straight into the result: the peak is
+    the result plus one group's temporaries. Each row is a whole number of blocks, so the values
+    equal those of dequantizing the tensor at once."""
     info = _info(tensor)
     out = np.empty(info.shape, dtype=dtype)
     if out.size == 0:
         return out
     # a plain ndarray view of the memory map: slices of an np.memmap are memmaps, whose
-    # bookkeeping cost more than the dequantizing when gguf.quants splits them into row groups
+    # bookkeeping cost more than the dequantizing when it is split into row groups
     data = np.asarray(tensor.data)
     rows_in = data.reshape(-1, data.shape[-1])  # quantized: (rows, bytes per row)
     rows_out = out.reshape(-1, info.shape[-1])
     step = max(1, CHUNK_VALUES // info.shape[-1])
     if not supported(tensor.tensor_type):
-        raise FileFormatError(
-            path, info.name, "has a type gguf.quants cannot dequantize", info.type
-        )
-    quants = _gguf().quants
+        raise FileFormatError(path, info.name, "has a type that cannot be dequantized", info.type)
     for start in range(0, rows_out.shape[0], step):
-        rows_out[start : start + step] = quants.dequantize(
+        rows_out[start : start + step] = _dequantize_rows(
             rows_in[start : start + step], tensor.tensor_type
         )
     return out
@@ -124,15 +157,14 @@ def quantize_rows(tensor: Any, fmt: str, path: str | Path = "") -> QuantizedWeig
     dequantized tensor: each block is 32 values of one row."""
     info = _info(tensor)
     if not supported(tensor.tensor_type):
-        message = "has a type gguf.quants cannot dequantize"
-        raise FileFormatError(path, info.name, message, info.type)
+        raise FileFormatError(path, info.name, "has a type that cannot be dequantized", info.type)
     data = np.asarray(tensor.data)
     rows_in = data.reshape(-1, data.shape[-1])
     # a quarter of CHUNK_VALUES: quantizing makes ~5 float32 temporaries of its input's size
     step = max(1, CHUNK_VALUES // 4 // info.shape[-1])
     arrays: dict[str, np.ndarray] = {}  # the blocks' arrays, filled a group of rows at a time
     for start in range(0, rows_in.shape[0], step):
-        values = _gguf().quants.dequantize(rows_in[start : start + step], tensor.tensor_type)
+        values = _dequantize_rows(rows_in[start : start + step], tensor.tensor_type)
         part = quantize_weight(values.T, fmt)
         for name in ("scales", "quants", "mins"):
             block_array = getattr(part, name)
@@ -432,9 +464,9 @@ def _expected_tensors(model: Any, path: Path) -> dict[str, tuple[str, tuple[int,
 def _check_tensors(
     expected: dict[str, tuple[str, tuple[int, ...]]], tensors: dict[str, Any], path: Path, arch: str
 ) -> None:
-    """Every tensor the metadata implies is present, of the right dims and of a type gguf.quants
-    dequantizes, and the file holds no other (llama.cpp refuses a file with tensors it does not
-    use, too): a FileFormatError naming the tensor otherwise."""
+    """Every tensor the metadata implies is present, of the right dims and of a type that can be
+    dequantized (supported), and the file holds no other (llama.cpp refuses a file with tensors
+    it does not use, too): a FileFormatError naming the tensor otherwise."""
     for name, (_, dims) in expected.items():
         if name not in tensors:
             raise FileFormatError(
@@ -456,5 +488,5 @@ def _check_tensors(
     for name, tensor in tensors.items():
         if not supported(tensor.tensor_type):
             raise FileFormatError(
-                path, name, "has a type gguf.quants cannot dequantize", tensor.tensor_type.name
+                path, name, "has a type that cannot be dequantized", tensor.tensor_type.name
             )

@@ -11,8 +11,8 @@ its own: two per string, so SmolLM2-135M's 49152 tokens and 48900 merges cost ~1
 when a model is loaded (peak resident memory 325 MB before any weight, against 157 MB for the
 imports). Here each value becomes one Python object at once (~8 MB). A tensor record has the
 fields of gguf's ReaderTensor that the loader reads (name, tensor_type, shape, n_elements,
-n_bytes, data_offset, data: the same numpy view of the memory map), so gguf.quants dequantizes
-it as before.
+n_bytes, data_offset, data: the same numpy view of the memory map); its tensor_type is a
+GGMLType of the table below (ggml.h's enum ggml_type), so reading a header needs no package.
 
 Every length, count and offset is checked against the file's size before it is used: a
 truncated or corrupted file is a FileFormatError naming the file and the key (or tensor), never
@@ -44,21 +44,34 @@ SCALAR_DTYPES = {
     0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "?", 10: "u8",
     11: "i8", 12: "f8",
 }  # fmt: skip
+
+
+class GGMLType(NamedTuple):
+    """A tensor type (ggml.h's enum ggml_type, gguf's GGMLQuantizationType): its code in the
+    file, its name, and the values and bytes of one block (1 and the value's size when plain)."""
+
+    code: int
+    name: str
+    block_size: int
+    type_size: int
+
+
+# every type of ggml.h (gguf 0.19's GGML_QUANT_SIZES; tests/test_gguf.py holds them equal)
+GGML_TYPES = {t.code: t for t in (GGMLType(*fields) for fields in (
+    (0, "F32", 1, 4), (1, "F16", 1, 2), (2, "Q4_0", 32, 18), (3, "Q4_1", 32, 20),
+    (6, "Q5_0", 32, 22), (7, "Q5_1", 32, 24), (8, "Q8_0", 32, 34), (9, "Q8_1", 32, 40),
+    (10, "Q2_K", 256, 84), (11, "Q3_K", 256, 110), (12, "Q4_K", 256, 144),
+    (13, "Q5_K", 256, 176), (14, "Q6_K", 256, 210), (15, "Q8_K", 256, 292),
+    (16, "IQ2_XXS", 256, 66), (17, "IQ2_XS", 256, 74), (18, "IQ3_XXS", 256, 98),
+    (19, "IQ1_S", 256, 50), (20, "IQ4_NL", 32, 18), (21, "IQ3_S", 256, 110),
+    (22, "IQ2_S", 256, 82), (23, "IQ4_XS", 256, 136), (24, "I8", 1, 1), (25, "I16", 1, 2),
+    (26, "I32", 1, 4), (27, "I64", 1, 8), (28, "F64", 1, 8), (29, "IQ1_M", 256, 56),
+    (30, "BF16", 1, 2), (34, "TQ1_0", 256, 54), (35, "TQ2_0", 256, 66), (39, "MXFP4", 32, 17),
+    (40, "NVFP4", 64, 36), (41, "Q1_0", 128, 18),
+))}  # fmt: skip
 # tensor types stored as plain numbers (gguf's reader views them so); the rest are blocks (bytes)
 PLAIN_TENSORS = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8,
                  "I16": np.int16, "I32": np.int32, "I64": np.int64}  # fmt: skip
-
-
-def gguf_package() -> Any:
-    """The `gguf` package, or an ImportError that says how to get it."""
-    try:
-        import gguf
-    except ImportError:
-        raise ImportError(
-            "reading a GGUF file needs the gguf package (llama.cpp's reader): "
-            "pip install 'glassgrad[gguf]' (or pip install gguf)"
-        ) from None
-    return gguf
 
 
 class TensorRecord(NamedTuple):
@@ -67,7 +80,7 @@ class TensorRecord(NamedTuple):
     bytes per row)."""
 
     name: str
-    tensor_type: Any  # gguf.GGMLQuantizationType
+    tensor_type: GGMLType
     shape: np.ndarray
     n_elements: int
     n_bytes: int
@@ -81,7 +94,6 @@ class GGUFHeader:
     `data` (the np.memmap of the whole file, which the tensors' data views)."""
 
     def __init__(self, path: str | Path) -> None:
-        gguf = gguf_package()  # the tensor types' names and block sizes
         self.path = Path(path)
         self.data = np.memmap(self.path, mode="r") if self.path.stat().st_size else None
         self._bytes = memoryview(self.data) if self.data is not None else memoryview(b"")
@@ -116,7 +128,7 @@ class GGUFHeader:
                 self.path, "general.alignment", "must be a power of two", self.alignment
             )
         self.data_offset = -(-self._offset // self.alignment) * self.alignment
-        self.tensors = [self._tensor(gguf, *record) for record in records]
+        self.tensors = [self._tensor(*record) for record in records]
 
     # --- reading, every size checked against what is left of the file ----------------------------
     def _fail(self, message: str) -> FileFormatError:
@@ -179,14 +191,11 @@ class GGUFHeader:
         self._key = None
         return name, dims, code, offset
 
-    def _tensor(
-        self, gguf: Any, name: str, dims: tuple[int, ...], code: int, offset: int
-    ) -> TensorRecord:
-        try:
-            tensor_type = gguf.GGMLQuantizationType(code)
-            block, type_size = gguf.GGML_QUANT_SIZES[tensor_type]
-        except (ValueError, KeyError):
-            raise FileFormatError(self.path, name, "has an unknown tensor type", code) from None
+    def _tensor(self, name: str, dims: tuple[int, ...], code: int, offset: int) -> TensorRecord:
+        tensor_type = GGML_TYPES.get(code)
+        if tensor_type is None:
+            raise FileFormatError(self.path, name, "has an unknown tensor type", code)
+        block, type_size = tensor_type.block_size, tensor_type.type_size
         n_elements = int(np.prod(dims, dtype=object))
         if dims[0] % block:
             raise FileFormatError(
