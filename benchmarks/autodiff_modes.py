@@ -164,7 +164,10 @@ def worker(kind: str, variant: str, config_text: str, reps: int) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.autodiff_modes")
+    first_paragraph = " ".join(__doc__.split("\n\n")[0].split())
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.autodiff_modes", description=first_paragraph
+    )
     parser.add_argument("kind", choices=sorted(VARIANTS))
     parser.add_argument(
         "--config",

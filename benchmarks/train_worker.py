@@ -178,7 +178,10 @@ def run(framework: str, config_name: str, threads: int | None, steps: int, warmu
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.train_worker")
+    first_paragraph = " ".join(__doc__.split("\n\n")[0].split())
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.train_worker", description=first_paragraph
+    )
     p.add_argument("--framework", choices=FRAMEWORKS, required=True)
     p.add_argument("--config", default="tiny")
     p.add_argument("--threads", type=int)

@@ -118,7 +118,8 @@ class Chat:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m models.chat", description=__doc__.splitlines()[0])
+    first_paragraph = " ".join(__doc__.split("\n\n")[0].split())
+    p = argparse.ArgumentParser(prog="python -m models.chat", description=first_paragraph)
     p.add_argument(
         "--model",
         "--ckpt",

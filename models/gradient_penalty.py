@@ -6,11 +6,12 @@ from "fake" ones (a Gaussian blob at the origin) with the logistic GAN loss, reg
 R1 penalty of Mescheder et al. (2018): gamma/2 * mean over real x of ||dD(x)/dx||^2. The
 penalty's own gradient flows through the graph of dD/dx, which is what create_graph builds.
 
-    python -m models.gradient_penalty
+    python -m models.gradient_penalty [--steps N]
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 
 import numpy as np
@@ -69,8 +70,13 @@ def batch(rng: np.random.Generator, n: int = 64) -> tuple[np.ndarray, np.ndarray
     return real, 0.5 * rng.standard_normal((n, 2))
 
 
-def main(argv: Sequence[str] | None = None, steps: int = 200) -> list[tuple[float, float]]:
-    del argv
+def main(argv: Sequence[str] | None = None) -> list[tuple[float, float]]:
+    first_paragraph = " ".join(__doc__.split("\n\n")[0].split())
+    parser = argparse.ArgumentParser(
+        prog="python -m models.gradient_penalty", description=first_paragraph
+    )
+    parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    steps = parser.parse_args(argv).steps
     autograd.set_default_dtype(np.float64)
     d = Discriminator()
     opt = nn.optim.Adam(d.parameters(), lr=1e-2)

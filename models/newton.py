@@ -17,6 +17,7 @@ correct digits roughly doubling per step once close.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 
 import numpy as np
@@ -102,7 +103,10 @@ def hessian_free(loss, w: np.ndarray, steps: int = 8, tol: float = 1e-10):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    del argv
+    first_paragraph = " ".join(__doc__.split("\n\n")[0].split())
+    argparse.ArgumentParser(prog="python -m models.newton", description=first_paragraph).parse_args(
+        argv
+    )
     x, y = data()
     loss = loss_fn(x, y)
     w0 = np.zeros(x.shape[1])

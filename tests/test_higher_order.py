@@ -280,6 +280,6 @@ def test_gradient_penalty_step_differentiates_through_the_gradient(float64, caps
     params = list(d.parameters())
     # The penalty's gradient with respect to D's weights is a double backward (d^2 D / dx dtheta).
     autograd.gradcheck(lambda *_: gp.r1_penalty(d, real), params, atol=1e-8, rtol=1e-6)
-    history = gp.main(steps=20)
+    history = gp.main(["--steps", "20"])
     assert "R1 penalty" in capsys.readouterr().out
     assert history[-1][0] < history[0][0] and np.isfinite(history).all()
