@@ -391,8 +391,12 @@ def test_a_checkpoint_directory_holds_one_tokenizer(tmp_path, fixture_tok):
         ids = from_tokenizer_json.encode(text, allowed_special=allowed)
         assert ids == from_gpt2_files.encode(text, allowed_special=allowed)
     assert from_tokenizer_json.eot_id == 50256
+    (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="holds no tokenizer"):
         load_tokenizer(tmp_path / "empty")
+    for load in (load_tokenizer, BPETokenizer.from_pretrained):
+        with pytest.raises(FileNotFoundError, match="missing does not exist"):
+            load(tmp_path / "missing")
 
 
 def test_bpe_corpus_learns_from_the_training_split_only(tmp_path):

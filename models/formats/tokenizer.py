@@ -697,7 +697,7 @@ class BPETokenizer:
         written by save, or GPT-2's own: a download of gpt2 has all three, which agree). Or a
         llama.cpp .gguf file: the tokenizer and chat template of its metadata. A hub name
         ("org/name", at `revision`) that is not a local path is fetched (models.formats.hub)."""
-        directory = hub.resolve(directory, revision, hub.TOKENIZER_FILES)
+        directory = _tokenizer_path(directory, revision)
         if directory.suffix == ".gguf" and not directory.is_dir():
             return _read_gguf_tokenizer(directory)
         data = _read_tokenizer_json(directory)
@@ -1351,11 +1351,20 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str | Path) -> None:
             (directory / name).unlink(missing_ok=True)
 
 
+def _tokenizer_path(name: str | Path, revision: str | None) -> Path:
+    """The local directory or .gguf file of a tokenizer (a hub name fetched: hub.resolve); a
+    path that does not exist says so, not that it holds no tokenizer files."""
+    path = hub.resolve(name, revision, hub.TOKENIZER_FILES)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    return path
+
+
 def load_tokenizer(directory: str | Path) -> Tokenizer:
     """The tokenizer of a checkpoint or model directory: Hugging Face's tokenizer.json if there
     is one, else GPT-2's vocab.json + merges.txt, else the character tokenizer's tokenizer.json.
     Or a .gguf file's, or a hub name's (BPETokenizer.from_pretrained)."""
-    directory = hub.resolve(directory, None, hub.TOKENIZER_FILES)
+    directory = _tokenizer_path(directory, None)
     if directory.suffix == ".gguf" and directory.is_file():
         return BPETokenizer.from_pretrained(directory)
     data = _read_tokenizer_json(directory)
