@@ -276,6 +276,30 @@ def test_sft_refuses_a_conversation_the_model_cannot_hold(base, tmp_path):
         _fit(argv)
 
 
+def test_bad_data_files_are_one_line_errors_naming_the_flag(base, tmp_path):
+    """The command line's data, refused as `train: --data ...` / `train: --sft ...` (SystemExit,
+    which the CLI prints as one line), not a traceback: missing, a directory, empty, not a
+    conversation, too short for one training window."""
+    directory, text = base
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    (tmp_path / "short.txt").write_text("ab", encoding="utf-8")
+    window = text.read_text(encoding="utf-8")[:30]  # the base's characters; val: 3 < 16 + 1
+    (tmp_path / "window.txt").write_text(window, encoding="utf-8")
+    (tmp_path / "chats.jsonl").write_text('{"text": "no messages"}\n', encoding="utf-8")
+    fine_tune = ["--init-from", str(directory), "--steps", "1", "--out", ""]
+    for argv, message in (
+        (["--data", str(tmp_path / "missing.txt")], r"^train: --data .*: no such file: .*missing"),
+        (["--data", str(tmp_path)], r"^train: --data .*: .* is a directory, not a text file$"),
+        (["--data", str(tmp_path / "empty.txt")], r"^train: --data .*: .*empty.txt is empty$"),
+        (["--data", str(tmp_path / "short.txt")], r"^train: --data .*short.txt: .*too few"),
+        (["--data", str(tmp_path / "window.txt")], r"^train: --data .*window.txt: .*window needs"),
+        (["--sft", str(tmp_path / "missing.jsonl")], r"^train: --sft: .*No such file"),
+        (["--sft", str(tmp_path / "chats.jsonl")], r"^train: --sft: .*chats.jsonl:1: expected"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            _fit([*fine_tune, *argv])
+
+
 def test_lora_on_a_quantized_base_trains_resumes_and_merges_into_the_float_base(tmp_path):
     """--quantize gguf keeps a Q8_0 file's blocks frozen (QLoRA): only the adapters train, a
     resumed run repeats the uninterrupted one's losses, and the adapter merged into the float

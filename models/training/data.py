@@ -13,8 +13,9 @@ share of one global batch without talking to each other.
 
 from __future__ import annotations
 
+import contextlib
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,13 +87,13 @@ def load_text(path: str | Path) -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FileNotFoundError(f"--data: no such file: {path}") from None
+        raise FileNotFoundError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise IsADirectoryError(f"{path} is a directory, not a text file") from None
     except UnicodeDecodeError as exc:
-        raise ValueError(
-            f"--data: {path} is not UTF-8 text ({exc.reason} at byte {exc.start})"
-        ) from None
+        raise ValueError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not text:
-        raise ValueError(f"--data: {path} is empty")
+        raise ValueError(f"{path} is empty")
     return text
 
 
@@ -108,6 +109,17 @@ class Corpus:
     val: np.ndarray
     source: str
     val_bytes: int
+
+
+@contextlib.contextmanager
+def refused_data(command: str, data: str | None) -> Iterator[None]:
+    """A command line's text that cannot be read or is too short for it (OSError, ValueError:
+    missing, empty, not UTF-8, shorter than a window) as one line naming --data (SystemExit)."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        source = "the demo corpus" if data is None else f"--data {data}"
+        raise SystemExit(f"{command}: {source}: {exc}") from None
 
 
 def split_ids(ids: Sequence, val_fraction: float) -> tuple[Sequence, Sequence]:

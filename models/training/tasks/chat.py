@@ -52,7 +52,10 @@ class ChatFineTuning(LanguageModelling):
         none), encoded with its tokenizer, and split by conversation (10 % held out, at least
         one). Sets c.block_size to the longest conversation when it was not given."""
         tokenizer = load_tokenizer(saved)
-        conversations = read_conversations(c.sft)
+        try:
+            conversations = read_conversations(c.sft)
+        except (OSError, ValueError) as exc:  # a missing file, a line that is no conversation
+            raise SystemExit(f"train: --sft: {exc}") from None
         order = np.random.default_rng([c.seed, 2]).permutation(len(conversations))
         n_val = max(1, len(conversations) // 10)
         held = [conversations[i] for i in order[:n_val]]

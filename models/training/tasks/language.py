@@ -22,7 +22,14 @@ from models.architectures.gpt import GPT, GPTConfig
 from models.architectures.llama import Llama, llama_config
 from models.formats.tokenizer import load_tokenizer, save_tokenizer
 from models.training.config import TrainConfig, setting
-from models.training.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
+from models.training.data import (
+    Corpus,
+    eval_batches,
+    get_batch,
+    prepare_corpus,
+    refused_data,
+    unigram_baseline,
+)
 from models.training.step import Batch
 from models.training.task import Task
 
@@ -147,15 +154,15 @@ class LanguageModelling(Task):
         return Llama(config, rng=np.random.default_rng(c.seed)).to(c.dtype)
 
     def prepare(self, c: LanguageConfig, saved: Path | None) -> LanguageData:
-        if saved is not None:  # the checkpoint's tokenizer (a BPE is not learned again)
-            corpus = prepare_corpus(c.data, tokenizer=load_tokenizer(saved))
-        else:
-            bpe = c.vocab_size if c.tokenizer == "bpe" else None
-            corpus = prepare_corpus(c.data, bpe_vocab_size=bpe)
-        evals = {
-            name: eval_batches(ids, c.batch_size, c.block_size, c.eval_batches, c.seed)
-            for name, ids in (("train", corpus.train), ("val", corpus.val))
-        }
+        # the checkpoint's tokenizer (a BPE is not learned again)
+        tokenizer = None if saved is None else load_tokenizer(saved)
+        bpe = c.vocab_size if saved is None and c.tokenizer == "bpe" else None
+        with refused_data(self.name, c.data):
+            corpus = prepare_corpus(c.data, tokenizer=tokenizer, bpe_vocab_size=bpe)
+            evals = {
+                name: eval_batches(ids, c.batch_size, c.block_size, c.eval_batches, c.seed)
+                for name, ids in (("train", corpus.train), ("val", corpus.val))
+            }
         return LanguageData(corpus, evals)
 
     def config_fields(self, c: LanguageConfig, data: Any) -> dict[str, Any]:

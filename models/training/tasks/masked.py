@@ -20,7 +20,14 @@ from models.architectures.encoder import Encoder, EncoderConfig
 from models.architectures.gpt import IGNORE_INDEX
 from models.formats.tokenizer import load_tokenizer, save_tokenizer
 from models.training.config import TrainConfig, setting
-from models.training.data import Corpus, eval_batches, get_batch, prepare_corpus, unigram_baseline
+from models.training.data import (
+    Corpus,
+    eval_batches,
+    get_batch,
+    prepare_corpus,
+    refused_data,
+    unigram_baseline,
+)
 from models.training.step import Batch
 from models.training.task import Task
 
@@ -114,9 +121,10 @@ class MaskedCharacters(Task):
 
     def prepare(self, c: MaskedConfig, saved: Path | None) -> MaskedData:
         tokenizer = None if saved is None else load_tokenizer(saved)
-        corpus = prepare_corpus(c.data, tokenizer=tokenizer)
+        with refused_data(self.name, c.data):
+            corpus = prepare_corpus(c.data, tokenizer=tokenizer)
+            windows = eval_batches(corpus.val, c.batch_size, c.block_size, c.eval_batches, c.seed)
         mask_id = corpus.tokenizer.vocab_size
-        windows = eval_batches(corpus.val, c.batch_size, c.block_size, c.eval_batches, c.seed)
         val = [
             mask_characters(x, mask_id, np.random.default_rng([c.seed, 3, i]))
             for i, (x, _) in enumerate(windows)
