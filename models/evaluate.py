@@ -1,6 +1,6 @@
 """The loss of a trained GPT over its whole validation split, in bits per byte: `models.evaluate`.
 
-    python -m models.evaluate --ckpt runs/demo
+    python -m models.evaluate --model runs/demo
 
 Nats per token do not compare across tokenizers: a BPE token stands for about three bytes of this
 corpus, a character for one, so a BPE model's loss per token is larger for the same skill. Per
@@ -61,12 +61,17 @@ def main(argv: list[str] | None = None) -> int:
         description="Validation loss of a models.train checkpoint, in nats/token and bits/byte.",
     )
     parser.add_argument(
-        "--ckpt", default="runs/demo", help="checkpoint directory (default runs/demo)"
+        "--model",
+        "--ckpt",
+        dest="ckpt",
+        default="runs/demo",
+        help="a models.train checkpoint directory (default runs/demo)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="windows per forward pass")
     args = parser.parse_args(argv)
     ckpt = Path(args.ckpt)
-    settings = read_train_state("train", ckpt)["settings"]  # its --data: the same text and split
+    # its --data: the same text and split
+    settings = read_train_state("train", ckpt, asking="evaluate: --model")["settings"]
     model, tokenizer = GPT.from_pretrained(ckpt), load_tokenizer(ckpt)
     corpus = prepare_corpus(settings["data"], tokenizer=tokenizer)
     # The last training token as context for the first validation token: all of them are scored.

@@ -68,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype", default="float32", choices=["float32", "float64"], help="of the merged weights"
     )
     args = parser.parse_args(argv)
-    names = merge(args.base, args.adapter, args.out, args.dtype)
+    try:
+        names = merge(args.base, args.adapter, args.out, args.dtype)
+    except (OSError, KeyError, ValueError) as exc:  # a missing or malformed model or adapter
+        print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        return 2
     kinds = sorted({name.rsplit(".", 1)[-1] for name in names})  # q_proj, v_proj, ...
     print(f"merged {len(names)} adapters ({', '.join(kinds)}) into {args.out}")
     return 0

@@ -271,7 +271,12 @@ def save_adapter(
 
 def read_adapter_config(directory: str | os.PathLike) -> dict[str, Any]:
     path = Path(directory) / ADAPTER_CONFIG
-    config = json.loads(path.read_text("utf-8"))
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} holds no LoRA adapter: no {ADAPTER_CONFIG}")
+    try:
+        config = json.loads(path.read_text("utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
     if not isinstance(config, dict) or config.get("format") != _FORMAT:
         raise ValueError(f"{path}: not a {_FORMAT} adapter config")
     return config

@@ -444,8 +444,10 @@ def test_train_cli_with_bpe_saves_it_and_sample_uses_it(data_file, tmp_path, cap
 
     assert sample.main(["--ckpt", str(out), "--prompt", "def ", "--max-new-tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("def ")
-    assert evaluate.main(["--ckpt", str(out)]) == 0
+    assert evaluate.main(["--model", str(out)]) == 0
     assert "bits/byte" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"^evaluate: --model: no checkpoint in .*nothing"):
+        evaluate.main(["--ckpt", str(tmp_path / "nothing")])
     assert train.main(["--out", str(out), "--resume", "--steps", "6", "--quiet"]) == 0
     with pytest.raises(SystemExit, match="cannot change --vocab-size 400"):
         train.main(["--out", str(out), "--resume", "--vocab-size", "400", "--quiet"])

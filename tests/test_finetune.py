@@ -10,6 +10,7 @@ a user token shapes the assistant's loss through attention but is never a target
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -583,6 +584,17 @@ def test_models_lora_merge_writes_a_base_checkpoint_with_the_same_logits(tmp_pat
     np.testing.assert_allclose(merged(x)[0].data, model(x)[0].data, rtol=1e-12, atol=1e-13)
     with pytest.raises(ValueError, match="--out must not be the --base"):
         models_lora.merge(tmp_path / "base", tmp_path / "adapter", tmp_path / "base")
+    # the command line: a missing or malformed base or adapter is one line, exit status 2
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "adapter_config.json").write_text("{", "utf-8")
+    for base_dir, adapter, message in (
+        ("nothing", "adapter", "error: .*nothing does not exist"),
+        ("base", "nothing", "error: .*nothing holds no LoRA adapter: no adapter_config.json"),
+        ("base", "broken", "error: .*adapter_config.json: not JSON .*"),
+    ):
+        argv = ["merge", "--base", str(tmp_path / base_dir), "--adapter", str(tmp_path / adapter)]
+        assert models_lora.main([*argv, "--out", str(tmp_path / "out")]) == 2
+        assert re.fullmatch(message + "\n", capsys.readouterr().err), (base_dir, adapter)
 
 
 class _Aliased(nn.Module):

@@ -64,17 +64,19 @@ def save_run(
     nn.save_json_atomic(out / "train_state.json", state)
 
 
-def read_train_state(name: str, out: Path) -> dict[str, Any]:
-    """train_state.json of a run of command `name` (train, encoder, seq2seq) in `out`."""
+def read_train_state(name: str, out: Path, asking: str | None = None) -> dict[str, Any]:
+    """train_state.json of a run of command `name` (train, encoder, seq2seq) in `out`; a refusal
+    (SystemExit) opens with `asking` (default "<name>: --resume")."""
+    asking = f"{name}: --resume" if asking is None else asking
     path = out / "train_state.json"
     if not path.is_file():
-        raise SystemExit(f"{name}: --resume: no checkpoint in {out} ({path.name} is missing)")
+        raise SystemExit(f"{asking}: no checkpoint in {out} ({path.name} is missing)")
     state = json.loads(path.read_text(encoding="utf-8"))
     if state.get("format") != STATE_FORMAT:
-        raise SystemExit(f"{name}: --resume: {path} is not a {STATE_FORMAT} file")
+        raise SystemExit(f"{asking}: {path} is not a {STATE_FORMAT} file")
     kind = state.get("trainer", "train")  # written before the kinds shared this loop: a GPT
     if kind != name:
-        raise SystemExit(f"{name}: --resume: {out} holds a run of `python -m models.{kind}`")
+        raise SystemExit(f"{asking}: {out} holds a run of `python -m models.{kind}`")
     return state
 
 
