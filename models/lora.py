@@ -16,6 +16,7 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import models
 import nn
@@ -33,6 +34,15 @@ NOT_COPIED = (
 )
 
 
+def merged_model(
+    base: str | Path, adapter: str | Path, dtype: str = "float32"
+) -> tuple[Any, list[str]]:
+    """(the base model with the adapter folded into its weights, the merged modules' names)."""
+    model = models.from_pretrained(base, dtype=dtype)
+    nn.load_adapter(adapter, model)
+    return model, nn.unload_lora(model)
+
+
 def merge(
     base: str | Path, adapter: str | Path, out: str | Path, dtype: str = "float32"
 ) -> list[str]:
@@ -40,9 +50,7 @@ def merge(
     base, out = Path(base), Path(out)
     if out.resolve() == base.resolve():
         raise ValueError("models.lora merge: --out must not be the --base directory")
-    model = models.from_pretrained(base, dtype=dtype)
-    nn.load_adapter(adapter, model)
-    names = nn.unload_lora(model)
+    model, names = merged_model(base, adapter, dtype)
     out.mkdir(parents=True, exist_ok=True)
     if base.is_file():  # a .gguf file: its tokenizer and chat template as Hugging Face's files
         BPETokenizer.from_pretrained(base).save(out)

@@ -17,9 +17,11 @@ from pathlib import Path
 import numpy as np
 
 import models
+import nn
 from models.architectures.decoder import Decoder
 from models.formats import hub
 from models.formats.tokenizer import Tokenizer, load_tokenizer
+from models.lora import merged_model
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,14 +51,39 @@ def load(
     model: str | Path, revision: str | None = None, quantize: str | None = None
 ) -> tuple[Decoder, Tokenizer]:
     """The model and tokenizer of a checkpoint or model directory, a .gguf file (which holds
-    both) or a hub name (`org/name` at revision, fetched once into the cache:
-    models.formats.hub). quantize: as models.from_pretrained's (docs/quantization.md)."""
+    both), a hub name (`org/name` at revision, fetched once into the cache:
+    models.formats.hub) or a LoRA run's directory (its base with the adapter folded in).
+    quantize: as models.from_pretrained's (docs/quantization.md)."""
     path = hub.resolve(model, revision)  # once, for both
+    if (path / nn.lora.ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file():
+        return _adapter_run(path, quantize)
     if path.suffix == ".gguf":  # the model first: its read of the file's metadata is kept
         net = models.from_pretrained(path, quantize=quantize)
         return net, load_tokenizer(path)
     tokenizer = load_tokenizer(path)  # first: its error says what a checkpoint directory holds
     return models.from_pretrained(path, quantize=quantize), tokenizer
+
+
+def _adapter_run(directory: Path, quantize: str | None) -> tuple[Decoder, Tokenizer]:
+    """A LoRA run's directory (models.train --lora-rank saves the adapter alone): its base model
+    (adapter_config.json's base_model) with the adapter folded into the float weights, as
+    `models.lora merge` writes them, then quantized if asked; and the base's tokenizer."""
+    base = nn.lora.read_adapter_config(directory).get("base_model")
+    if base is None:
+        raise FileNotFoundError(
+            f"{directory} holds a LoRA adapter that does not name its base model: fold it into "
+            f"its base with python -m models.lora merge --base BASE --adapter {directory} --out DIR"
+        )
+    if quantize == "gguf":
+        raise ValueError(
+            f"{directory}: quantize='gguf' keeps a file's own blocks, which a LoRA adapter "
+            "cannot be folded into: give q8_0, q4_0 or q4_1"
+        )
+    net, _ = merged_model(base, directory)
+    if quantize is not None:
+        tied = net.transformer.wte if net.config.tie_word_embeddings else None
+        nn.quantize_linears(net, quantize, tied_embedding=tied)
+    return net, load_tokenizer(base)
 
 
 def main(argv: list[str] | None = None) -> int:

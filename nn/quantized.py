@@ -128,13 +128,15 @@ def quantize_linears(model: Module, fmt: str, tied_embedding: Embedding | None =
             f"quantize_linears: format must be one of {', '.join(FORMATS)}, got {fmt!r}"
         )
     for name, module in list(model.named_modules()):
-        if isinstance(module, Linear):
-            try:
+        if not (isinstance(module, Linear) or module is tied_embedding):
+            continue
+        try:
+            if isinstance(module, Linear):
                 quantized = QuantizedLinear.from_linear(module, fmt)
-            except ValueError as exc:
-                raise ValueError(f"quantize_linears: layer {name!r}: {exc}") from None
-            set_child(model, name, quantized)
-        elif module is tied_embedding:
-            table = quantize(module.weight.data.T, fmt)  # rows of the table = rows of W^T
-            set_child(model, name, QuantizedEmbedding(table, module.weight.dtype))
+            else:  # rows of the table = rows of W^T
+                table = quantize(module.weight.data.T, fmt)
+                quantized = QuantizedEmbedding(table, module.weight.dtype)
+        except ValueError as exc:
+            raise ValueError(f"quantize_linears: layer {name!r}: {exc}") from None
+        set_child(model, name, quantized)
     return model

@@ -11,7 +11,7 @@ import pytest
 import models
 import nn
 from benchmarks import finetune as bench
-from models import finetune_demo
+from models import finetune_demo, sample
 from models import lora as models_lora
 from models.architectures.gpt import GPT
 from models.formats.tokenizer import load_tokenizer
@@ -121,6 +121,26 @@ def test_lora_run_saves_the_adapter_alone_resumes_exactly_and_merges(base, tmp_p
     merged = GPT.from_pretrained(tmp_path / "merged", dtype=np.float64)
     x = np.arange(16)[None] % 10
     np.testing.assert_allclose(merged(x)[0].data, model(x)[0].data, rtol=1e-10, atol=1e-12)
+    # the run's directory itself loads for sampling and chat: its base with the adapter folded
+    # in (float32, as models.lora merge's float32 output), then quantized if asked
+    folded, tokenizer = sample.load(out)
+    assert not nn.lora.lora_modules(folded)
+    np.testing.assert_allclose(folded(x)[0].data, model(x)[0].data, rtol=1e-4, atol=1e-5)
+    assert list(tokenizer.encode(TEXT[:40])) == list(load_tokenizer(directory).encode(TEXT[:40]))
+    with pytest.raises(ValueError, match="quantize_linears: layer .* multiple of 32"):
+        sample.load(out, quantize="q8_0")  # quantized after the folding: this model is too small
+    with pytest.raises(ValueError, match="cannot be folded into"):
+        sample.load(out, quantize="gguf")
+
+
+def test_an_adapter_names_its_base_by_a_path_that_holds_from_anywhere(base, tmp_path, monkeypatch):
+    directory, data = base
+    monkeypatch.chdir(directory.parent)  # --init-from given relative to here
+    argv = ["--init-from", directory.name, "--data", str(data), *TINY, "--steps", "1"]
+    _fit([*argv, "--lora-rank", "2", "--out", str(tmp_path / "run")])
+    assert nn.lora.read_adapter_config(tmp_path / "run")["base_model"] == str(directory)
+    monkeypatch.chdir(tmp_path)
+    assert sample.load(tmp_path / "run")[0].config == GPT.from_pretrained(directory).config
 
 
 @pytest.mark.parametrize("compile", [False, True])

@@ -47,7 +47,10 @@ def save_run(
     out.mkdir(parents=True, exist_ok=True)
     stamp = {"step": str(step)}
     if config.lora_rank is not None:  # the adapter alone; the base is --init-from
-        nn.save_adapter(out, model, metadata=stamp, base_model=config.init_from)
+        # the base as a path that holds wherever the adapter is used from (a hub name as it is)
+        base = Path(config.init_from)
+        base_model = str(base.absolute()) if base.exists() else config.init_from
+        nn.save_adapter(out, model, metadata=stamp, base_model=base_model)
     else:
         task.save_model(out, model, data, stamp)
     arrays, optimizer_rest = nn.split_optimizer_state(optimizer.state_dict())
