@@ -239,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     modes = [m for m in args.modes.split(",") if m]
     from benchmarks import system  # here: the torch worker's script side has no glassgrad
+    from benchmarks.llm import python_has
+
+    if not python_has(args.hf_python, "torch, transformers"):
+        p.error(f"--hf-python {args.hf_python} cannot import torch and transformers")
 
     peak = system.sgemm_peak(n=2048, reps=10)["gflops"]  # this run's ceiling, for the ratios
     with tempfile.TemporaryDirectory() as tmp:

@@ -101,9 +101,13 @@ def weight_bytes(model: Path, parameters: int) -> tuple[float, str]:
     return float(sum(by_type.values())), max(by_type, key=by_type.get)  # the main type, by bytes
 
 
-def _python_has(python: str, modules: str) -> bool:
+def python_has(python: str, modules: str) -> bool:
+    """Whether the interpreter `python` (a path or a command) imports `modules`."""
     probe = [python, "-c", f"import {modules}"]
-    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
+    try:
+        return subprocess.run(probe, capture_output=True, check=False).returncode == 0
+    except OSError:  # no such interpreter, or not executable
+        return False
 
 
 def _tokens_per_s(new: int, total: float, prefill: float) -> float:
@@ -352,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
+    if args.model is not None and not Path(args.model).exists():
+        p.error(f"--model {args.model} does not exist (a .gguf file or a model directory)")
     if args.worker:
         if args.worker == "convert":
             print(json.dumps(worker_convert(args.model, args.target, args.llama_formats)))
@@ -367,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("glassgrad", "glassgrad-compiled", "glassgrad-q8_0", "glassgrad-gguf"):
         pythons[kind] = sys.executable
     missing = {}
-    if "hf" in wanted and not _python_has(args.hf_python, "torch, transformers"):
+    if "hf" in wanted and not python_has(args.hf_python, "torch, transformers"):
         missing["hf"] = f"{args.hf_python} cannot import torch and transformers"
     from models.formats import hub  # here: other Pythons (the workers) have no glassgrad
 
@@ -379,10 +385,10 @@ def main(argv: list[str] | None = None) -> int:
             write_model(model, TINY if args.tiny else SMOLLM2_135M)
         if "llama.cpp" in wanted and model.suffix != ".gguf":
             missing["llama.cpp"] = "the model is not a GGUF file"
-        elif "llama.cpp" in wanted and not _python_has(args.llama_python, "llama_cpp"):
+        elif "llama.cpp" in wanted and not python_has(args.llama_python, "llama_cpp"):
             missing["llama.cpp"] = f"{args.llama_python} cannot import llama_cpp"
         readers = "gguf, accelerate"  # transformers 5 loads a GGUF file with both
-        if "hf" in wanted and model.suffix == ".gguf" and not _python_has(args.hf_python, readers):
+        if "hf" in wanted and model.suffix == ".gguf" and not python_has(args.hf_python, readers):
             missing["hf"] = f"{args.hf_python} cannot import {readers} (transformers needs them)"
         ids_file = Path(tmp) / "ids.json"
         ids_file.write_text(json.dumps(prompt_ids(model, args.prompt, random_weights)))

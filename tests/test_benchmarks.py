@@ -2,6 +2,8 @@
 
 import json
 import math
+import re
+import sys
 
 import numba
 import numpy as np
@@ -213,3 +215,17 @@ def test_llm_suite_times_a_tiny_llama_in_fresh_processes(capsys):
     assert "memory copy bandwidth of this run" in out
     assert "| glassgrad, compiled decode | float32 (as given) | 2 |" in out
     assert "HF transformers" in out or "no HF column" in out
+
+
+def test_the_real_model_benchmarks_refuse_what_they_cannot_run_at_once(tmp_path, capsys):
+    from benchmarks import finetune, llm
+
+    assert not llm.python_has(str(tmp_path / "no-python"), "os")  # no traceback: False
+    assert llm.python_has(sys.executable, "os")
+    for command, argv, message in (
+        (llm.main, ["--model", str(tmp_path / "none.gguf")], "--model .*none.gguf does not exist"),
+        (finetune.main, ["--hf-python", str(tmp_path / "py")], "--hf-python .*py cannot import"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            command(argv)
+        assert exit_.value.code == 2 and re.search(message, capsys.readouterr().err)

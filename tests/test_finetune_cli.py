@@ -165,6 +165,14 @@ def test_grad_accum_gives_the_update_of_one_larger_batch(base, compile, monkeypa
     assert np.linalg.norm(a - b) <= 1e-12 * np.linalg.norm(b)
 
 
+def test_the_real_model_demo_refuses_a_path_that_is_no_model_before_writing(tmp_path):
+    with pytest.raises(SystemExit, match=r"^finetune_demo --real: --model .*nothing does not"):
+        finetune_demo.main(
+            ["--real", "--model", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")]
+        )
+    assert not (tmp_path / "o").exists()
+
+
 def test_sft_trains_the_assistant_tokens_only_and_the_demo_moves_the_held_out_metric(
     tmp_path, capsys
 ):
