@@ -382,6 +382,10 @@ def test_the_cli_start_fail_hint_solution_status(tmp_path, capsys):
     cli.main(["--lang", "en", "solution", "5", "--dir", str(ws)])
     out = capsys.readouterr().out
     assert "def softmax_backward" in out and "class Softmax(Function)" in out
+    assert cli.main(["--lang", "en", "solution", str(ws), "5"]) == 0  # as `hint DIR N`
+    assert capsys.readouterr().out == out
+    with pytest.raises(SystemExit):
+        cli.main(["solution", str(ws), "five"])
     write_solution(ws, 5)
     assert cli.main(["--lang", "en", "check", str(ws), "5"]) == 0
     cli.main(["--lang", "en", "status", str(ws)])
@@ -389,9 +393,10 @@ def test_the_cli_start_fail_hint_solution_status(tmp_path, capsys):
     assert "[x]  5. Softmax" in out and "1 of 11 passed" in out
     assert cli.main(["hint", str(ws), "11"]) == 2 and cli.main(["check", str(ws), "12"]) == 2
     assert "综合练习没有自己的代码" in capsys.readouterr().err
-    # start again keeps the learner's file
+    # start again keeps the learner's files, and says it wrote none
     cli.main(["start", str(ws), "--lang", "en"])
-    assert "exists" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "exists" in out and "wrote 0 exercises" in out
     assert "softmax_backward(a, g):\n    # a = softmax" in (ws / "ex05_softmax.py").read_text()
 
 

@@ -159,18 +159,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("hint")
     p.add_argument("dir", type=Path)
     p.add_argument("n", type=int)
-    p = sub.add_parser("solution")
-    p.add_argument("n", type=int)
-    p.add_argument("--dir", type=Path, default=Path("."), help="the workspace (default: here)")
+    solution_parser = sub.add_parser("solution")  # `solution DIR N` as hint's, or `solution N`
+    solution_parser.add_argument(
+        "place", nargs="+", metavar="[DIR] N", help="the workspace, then the exercise"
+    )
+    solution_parser.add_argument(
+        "--dir", type=Path, default=Path("."), help="the workspace (default: here)"
+    )
     p = sub.add_parser("status")
     p.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "solution":
+        if len(args.place) > 2 or not args.place[-1].isdigit():
+            solution_parser.error(f"solution [DIR] N: the exercise's number last, got {args.place}")
+        args.n = int(args.place[-1])
+        args.dir = Path(args.place[0]) if len(args.place) == 2 else args.dir
 
     if args.command == "start":
         lang = args.start_lang or args.lang or default_lang()
-        for path in start(args.dir, lang):
+        kept = start(args.dir, lang)
+        for path in kept:
             print(say("exists", lang, path=path))
-        print(say("started", lang, count=len(EXERCISES), dir=args.dir))
+        print(say("started", lang, count=len(EXERCISES) - len(kept), dir=args.dir))
         return 0
     workspace = getattr(args, "dir", None)
     lang = args.lang

@@ -345,9 +345,9 @@ MESSAGES: dict[str, dict[str, str]] = {
     },
     "hint": {"en": "hint {level} of 3 for exercise {n}:", "zh": "练习 {n} 的提示（{level}/3）："},
     "no_more_hints": {
-        "en": "that was the last hint; `python -m models.learn solution {n} --dir {dir}` shows "
+        "en": "that was the last hint; `python -m models.learn solution {dir} {n}` shows "
         "glassgrad's own code",
-        "zh": "这是最后一条提示；`python -m models.learn solution {n} --dir {dir}` 会显示 "
+        "zh": "这是最后一条提示；`python -m models.learn solution {dir} {n}` 会显示 "
         "glassgrad 自己的代码",
     },
     "solution_locked": {

@@ -19,7 +19,7 @@ and yours are plugged in their place when you run
 
     python -m models.learn check {dir} N      # one exercise (N = 1..{last}), or `all`
     python -m models.learn hint {dir} N       # three hints: the notes' formula, shapes, pseudo-code
-    python -m models.learn solution N --dir {dir}   # after a pass or the last hint
+    python -m models.learn solution {dir} N   # after a pass or the last hint
     python -m models.learn status {dir}
 
 `check` runs the engine on your code (forward against numpy, gradients against central
@@ -40,7 +40,7 @@ equal to 1e-9 (two to three minutes on a small machine; it prints a table as it 
 
     python -m models.learn check {dir} N      # 一个练习（N = 1..{last}），或 `all`
     python -m models.learn hint {dir} N       # 三级提示：笔记的公式、形状、伪代码
-    python -m models.learn solution N --dir {dir}   # 通过或读完最后一条提示之后
+    python -m models.learn solution {dir} N   # 通过或读完最后一条提示之后
     python -m models.learn status {dir}
 
 `check` 让引擎运行你的代码（前向与 numpy 比较，梯度与中心差分比较，不得原地修改输入），出错时
