@@ -65,6 +65,7 @@ class Chat:
         self.rng = np.random.default_rng() if rng is None else rng
         self.sampling = sampling
         self.compiled = compiled  # replies decoded by the compiled step (docs/decoding.md)
+        self.ended = "end of turn"  # the last reply's: or "max_new_tokens", "context" (cut_short)
         self.reset()
 
     @property
@@ -82,6 +83,14 @@ class Chat:
         rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         ids = self.tokenizer.encode(rendered) if isinstance(rendered, str) else rendered
         return [int(i) for i in ids]
+
+    def cut_short(self) -> str | None:
+        """Why the last reply stopped before its end-of-turn token, if it did (None: it ended)."""
+        if self.ended == "context":
+            return "the context is full: /reset starts over, or give a larger --context"
+        if self.ended == "max_new_tokens":
+            return f"cut at --max-new-tokens {self.max_new_tokens}"
+        return None
 
     def reply(self, text: str) -> Iterator[str]:
         """Add the user's message and yield the reply's text as its tokens are sampled."""
@@ -102,17 +111,16 @@ class Chat:
         eos = set(self.model.config.eos_token_ids)
         new: list[int] = []
         shown = ""
+        budget = min(self.max_new_tokens, room)
+        # why the reply ended: its end-of-turn token, else the token budget's limit
+        self.ended = "context" if budget == room else "max_new_tokens"
         stream = self.model.stream(
-            ids[keep:],
-            self.caches,
-            min(self.max_new_tokens, room),
-            rng=self.rng,
-            compiled=self.compiled,
-            **self.sampling,
+            ids[keep:], self.caches, budget, rng=self.rng, compiled=self.compiled, **self.sampling
         )
         for token in stream:
             if token in eos:  # it ends the turn; the token before it is in the cache by now
                 self.tokens = ids + new
+                self.ended = "end of turn"
                 break
             new.append(token)
             self.tokens = ids + new[:-1]  # the newest token is in the cache once the next is run
@@ -188,6 +196,8 @@ def run(chat: Chat, read: Callable[[str], str] | None = None, write: Any = None)
             write.write(f"error: {exc}\n")
             continue
         write.write("\n")
+        if chat.cut_short() is not None:
+            write.write(f"({chat.cut_short()})\n")
 
 
 def main(argv: list[str] | None = None) -> int:

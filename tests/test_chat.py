@@ -5,6 +5,7 @@ installs; skipped without it) against transformers' greedy answers, token for to
 
 import hashlib
 import importlib.util
+import io
 import json
 import sys
 from pathlib import Path
@@ -111,9 +112,15 @@ def test_the_chat_cli_opens_a_gguf_file(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out.splitlines()[1:]  # after the header line
     expected = chat.Chat(models.from_pretrained(path), BPETokenizer.from_pretrained(path),
                          max_new_tokens=5, temperature=0)  # fmt: skip
-    assert printed == ["".join(expected.reply("Hi")), "".join(expected.reply("And you?")), ""]
+    replies, notes = [], []
+    for message in ("Hi", "And you?"):
+        replies.append("".join(expected.reply(message)))
+        notes += [] if expected.cut_short() is None else [f"({expected.cut_short()})"]
+    assert notes  # 5 tokens: the replies were cut
+    assert [line for line in printed if not line.startswith("(")] == [*replies, ""]
+    assert [line for line in printed if line.startswith("(")] == notes
     assert [m["role"] for m in expected.messages] == ["user", "assistant"] * 2
-    assert all(printed[:2])  # two replies, neither empty
+    assert all(replies)  # two replies, neither empty
     # bad sampling settings are refused before the first message, naming the setting
     for bad, named in (
         (["--temperature", "-1"], "temperature"),
@@ -181,3 +188,22 @@ def test_the_chat_answers_as_transformers_token_for_token(smollm2, n, monkeypatc
     assert f32 == f64  # transformers' answers are the same in either dtype
     if conversation["users"][0] == "What is the capital of France?":
         assert "Paris" in answers[0]
+
+
+def test_a_reply_cut_short_says_why():
+    """The chat notes a reply that stopped before its end-of-turn token: at --max-new-tokens, or
+    at the end of the context (the terminal loop prints the note after the reply)."""
+    model, tokenizer = load(QWEN2)
+    talk = chat.Chat(model, tokenizer, max_new_tokens=3, temperature=0)
+    assert talk.cut_short() is None  # nothing said yet
+    "".join(talk.reply("Hi"))
+    assert talk.cut_short() == "cut at --max-new-tokens 3"
+    prompt = len(talk._render([{"role": "user", "content": "Hi"}]))
+    short = chat.Chat(model, tokenizer, context=prompt + 2, max_new_tokens=50, temperature=0)
+    "".join(short.reply("Hi"))
+    assert short.cut_short().startswith("the context is full")
+    short.reset()
+    typed = iter(["Hi", "/quit"])
+    written = io.StringIO()
+    chat.run(short, read=lambda _: next(typed), write=written)
+    assert "(the context is full: /reset starts over" in written.getvalue()
