@@ -6,8 +6,9 @@ Each turn, the conversation is rendered with the model's chat template (notes 12
 and turns serialised into one token sequence, ending in the assistant's header), and the reply is
 sampled one token at a time and printed as it comes, until an end-of-turn id (notes 12.5). The
 conversation stays in the context: its keys and values stay in the KV cache (notes 12.4), so a
-new turn runs only its own new tokens. `/reset` starts over; when the context is full, the chat
-says so (start over with /reset, or give a larger --context).
+new turn runs only its own new tokens. `/reset` starts over; when the conversation fills the
+context, its oldest exchanges are left out (the system message stays) and the chat says so, as it
+says when a reply was cut at --max-new-tokens or at the end of the context.
 
 A reply's tokens after the turn's first are decoded by the compiled decode step (docs/decoding.md;
 --eager: op by op); --quantize keeps the weights in a block format (q8_0, q4_0, q4_1, or gguf: a
@@ -65,7 +66,8 @@ class Chat:
         self.rng = np.random.default_rng() if rng is None else rng
         self.sampling = sampling
         self.compiled = compiled  # replies decoded by the compiled step (docs/decoding.md)
-        self.ended = "end of turn"  # the last reply's: or "max_new_tokens", "context" (cut_short)
+        self.ended = "end of turn"  # the last reply's: or "max_new_tokens", "context" (notes)
+        self.dropped = 0  # exchanges the last reply's conversation left out to fit (_fit)
         self.reset()
 
     @property
@@ -84,26 +86,41 @@ class Chat:
         ids = self.tokenizer.encode(rendered) if isinstance(rendered, str) else rendered
         return [int(i) for i in ids]
 
-    def cut_short(self) -> str | None:
-        """Why the last reply stopped before its end-of-turn token, if it did (None: it ended)."""
+    def notes(self) -> list[str]:
+        """What to say after the last reply: the exchanges left out to fit the context (_fit),
+        and why the reply stopped before its end-of-turn token, if it did."""
+        notes = []
+        if self.dropped:
+            notes.append(f"the oldest {self.dropped} exchange(s) left out to fit the context")
         if self.ended == "context":
-            return "the context is full: /reset starts over, or give a larger --context"
-        if self.ended == "max_new_tokens":
-            return f"cut at --max-new-tokens {self.max_new_tokens}"
-        return None
+            notes.append("the context is full: give a larger --context")
+        elif self.ended == "max_new_tokens":
+            notes.append(f"cut at --max-new-tokens {self.max_new_tokens}")
+        return notes
+
+    def _fit(self, messages: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[int]]:
+        """The conversation's messages and ids, its oldest exchanges (a user message and its
+        reply; the system message stays) dropped while they leave the reply less room than
+        max_new_tokens, or half the context; self.dropped counts them."""
+        first = 1 if messages[0]["role"] == "system" else 0
+        want = min(self.max_new_tokens, self.context // 2)
+        ids, self.dropped = self._render(messages), 0
+        while self.context - len(ids) < want and len(messages) - first > 2:
+            messages = messages[:first] + messages[first + 2 :]
+            ids, self.dropped = self._render(messages), self.dropped + 1
+        return messages, ids
 
     def reply(self, text: str) -> Iterator[str]:
         """Add the user's message and yield the reply's text as its tokens are sampled."""
-        messages = [*self.messages, {"role": "user", "content": text}]
-        ids = self._render(messages)
+        messages, ids = self._fit([*self.messages, {"role": "user", "content": text}])
         keep = 0
         while keep < min(len(ids) - 1, len(self.tokens)) and ids[keep] == self.tokens[keep]:
             keep += 1
         room = self.context - len(ids)
         if room < 1:
             raise ValueError(
-                f"the context is full: the conversation is {len(ids)} tokens and the context "
-                f"holds {self.context}; /reset to start over (or a larger --context)"
+                f"the context is full: the message is {len(ids)} tokens as the chat template "
+                f"renders it, and the context holds {self.context}; give a larger --context"
             )
         for cache in self.caches:
             cache.reset(keep)
@@ -196,8 +213,8 @@ def run(chat: Chat, read: Callable[[str], str] | None = None, write: Any = None)
             write.write(f"error: {exc}\n")
             continue
         write.write("\n")
-        if chat.cut_short() is not None:
-            write.write(f"({chat.cut_short()})\n")
+        for note in chat.notes():
+            write.write(f"({note})\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,11 +115,11 @@ def test_the_chat_cli_opens_a_gguf_file(tmp_path, monkeypatch, capsys):
     replies, notes = [], []
     for message in ("Hi", "And you?"):
         replies.append("".join(expected.reply(message)))
-        notes += [] if expected.cut_short() is None else [f"({expected.cut_short()})"]
+        notes += [f"({note})" for note in expected.notes()]
     assert notes  # 5 tokens: the replies were cut
     assert [line for line in printed if not line.startswith("(")] == [*replies, ""]
     assert [line for line in printed if line.startswith("(")] == notes
-    assert [m["role"] for m in expected.messages] == ["user", "assistant"] * 2
+    assert [m["role"] for m in expected.messages][-2:] == ["user", "assistant"]
     assert all(replies)  # two replies, neither empty
     # bad sampling settings are refused before the first message, naming the setting
     for bad, named in (
@@ -195,15 +195,41 @@ def test_a_reply_cut_short_says_why():
     at the end of the context (the terminal loop prints the note after the reply)."""
     model, tokenizer = load(QWEN2)
     talk = chat.Chat(model, tokenizer, max_new_tokens=3, temperature=0)
-    assert talk.cut_short() is None  # nothing said yet
+    assert talk.notes() == []  # nothing said yet
     "".join(talk.reply("Hi"))
-    assert talk.cut_short() == "cut at --max-new-tokens 3"
+    assert talk.notes() == ["cut at --max-new-tokens 3"]
     prompt = len(talk._render([{"role": "user", "content": "Hi"}]))
     short = chat.Chat(model, tokenizer, context=prompt + 2, max_new_tokens=50, temperature=0)
     "".join(short.reply("Hi"))
-    assert short.cut_short().startswith("the context is full")
+    assert short.notes() == ["the context is full: give a larger --context"]
     short.reset()
     typed = iter(["Hi", "/quit"])
     written = io.StringIO()
     chat.run(short, read=lambda _: next(typed), write=written)
-    assert "(the context is full: /reset starts over" in written.getvalue()
+    assert "(the context is full: give a larger --context)" in written.getvalue()
+
+
+def test_the_oldest_exchanges_are_left_out_when_the_context_is_full():
+    """A conversation that no longer leaves the reply its room drops its oldest exchanges (the
+    system message stays), says so, and the reply is the one a chat given only what is left
+    would make; a message that cannot fit alone is an error."""
+    model, tokenizer = load(QWEN2)
+    system = {"role": "system", "content": "Be brief."}
+    rendered = chat.Chat(model, tokenizer, system="Be brief.")._render
+    one = len(rendered([system, {"role": "user", "content": "Hi"}]))
+    two = len(rendered([system, {"role": "user", "content": "Hi"},
+                        {"role": "assistant", "content": "x" * 4},
+                        {"role": "user", "content": "Hi"}]))  # fmt: skip
+    talk = chat.Chat(model, tokenizer, context=one + 8, system="Be brief.", max_new_tokens=4,
+                     temperature=0)  # fmt: skip
+    assert two > one + 4  # the second message leaves the reply less than its 4 tokens
+    "".join(talk.reply("Hi"))
+    assert talk.dropped == 0
+    second = "".join(talk.reply("Hi"))
+    assert talk.notes()[0] == "the oldest 1 exchange(s) left out to fit the context"
+    assert [m["role"] for m in talk.messages] == ["system", "user", "assistant"]
+    fresh = chat.Chat(model, tokenizer, context=one + 8, system="Be brief.", max_new_tokens=4,
+                      temperature=0)  # fmt: skip
+    assert "".join(fresh.reply("Hi")) == second
+    with pytest.raises(ValueError, match="the message is .* tokens as the chat template renders"):
+        "".join(talk.reply("Hi " * 40))
