@@ -346,11 +346,11 @@ def test_mistral_sliding_window_caps_the_context():
     )
 
 
-def test_chat_loop_streams_resets_and_says_when_the_context_is_full(float64):
+def test_chat_loop_streams_resets_and_fits_the_context(float64):
     tokenizer = TurnTokenizer(CHARS)
     model = llama(vocab_size=12, block_size=64, eos_token_ids=[3])
     chat = Chat(model, tokenizer, context=16, max_new_tokens=4, temperature=0)
-    lines = iter(["ab", "ab", "/reset", "a"])
+    lines = iter(["ab", "ab", "ab" * 10, "/reset", "a"])
     out = []
 
     class Out:
@@ -368,7 +368,10 @@ def test_chat_loop_streams_resets_and_says_when_the_context_is_full(float64):
 
     run(chat, reader, Out())
     text = "".join(out)
-    assert "error: the context is full" in text and "(conversation cleared)" in text
+    # the second message leaves out the first exchange; the third cannot fit even alone
+    assert text.count("(the oldest 1 exchange(s) left out to fit the context)") == 1
+    assert "error: the context is full: the message is" in text
+    assert "(conversation cleared)" in text
     assert chat.messages[-1]["role"] == "assistant" and chat.messages[0]["content"] == "a"
 
 
