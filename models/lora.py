@@ -16,7 +16,6 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import models
 import nn
@@ -36,7 +35,7 @@ NOT_COPIED = (
 
 def merged_model(
     base: str | Path, adapter: str | Path, dtype: str = "float32"
-) -> tuple[Any, list[str]]:
+) -> tuple[nn.Module, list[str]]:
     """(the base model with the adapter folded into its weights, the merged modules' names)."""
     model = models.from_pretrained(base, dtype=dtype)
     nn.load_adapter(adapter, model)
