@@ -28,7 +28,7 @@ Lazy loading
 ``import autograd.kernels`` imports neither Numba nor the topic modules. A topic module (which
 imports Numba) is imported on the first call that needs it, and each Numba kernel is compiled on
 its first call with a given dtype (``cache=True``: later processes load the compiled code from
-``__pycache__``).
+``__pycache__``, and Numba's own runtime module from beside it: ``_runtime_cache``).
 
 Threads
 -------

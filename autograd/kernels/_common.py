@@ -76,6 +76,10 @@ class Kernel:
     def __init__(self, fn, fastmath=FASTMATH):
         import numba  # here, not at the top: see the module docstring
 
+        from ._runtime_cache import install
+
+        install()  # before any kernel runs: Numba's runtime module from disk, not compiled
+
         # A renamed copy of the function: Numba's on-disk cache files are named after the
         # qualified name and do not record the parallel flag, so two builds of one function
         # would load each other's machine code.
