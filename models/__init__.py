@@ -33,7 +33,7 @@ def from_pretrained(
 ) -> Decoder:
     """The model of a Hugging Face directory (or of a glassgrad checkpoint), by config.json's
     model_type: gpt2 -> GPT; llama, qwen2, mistral -> Llama; or of a llama.cpp GGUF file (a
-    path ending in .gguf: models.formats.gguf; its K-quant or IQ tensors need the gguf package).
+    path ending in .gguf: models.formats.gguf; IQ, TQ or MXFP4 tensors need the gguf package).
     Weights in dtype (default float32). A hub name ("org/name", at `revision`) that is not a local
     path is fetched (models.formats.hub).
 

@@ -15,12 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import models
 import nn
 from models.architectures.llama import Llama
 from models.formats import gguf as mg
 from models.formats.errors import FileFormatError
+from models.formats.ggml_blocks import DEQUANTIZERS
 from models.formats.gguf_header import GGML_TYPES
 
 gguf = pytest.importorskip("gguf")
@@ -264,25 +267,46 @@ def test_the_type_table_is_ggufs():
     assert {code: tuple(t) for code, t in GGML_TYPES.items()} == expected
 
 
-OWN_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
-
-
-def test_the_own_types_load_without_the_gguf_package(monkeypatch):
-    """Files of F32, F16, BF16, Q8_0, Q4_0 and Q4_1 tensors load with no gguf package installed
-    (the same bits as transformers'; quantize="gguf" keeps the blocks); a K-quant file says
-    what it needs. sys.modules["gguf"] = None makes `import gguf` fail as if not installed."""
+def test_every_fixture_loads_without_the_gguf_package(monkeypatch):
+    """Files of every type glassgrad reads itself (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+    Q2_K to Q6_K: all the fixtures) load with no gguf package installed, the same bits as
+    transformers'; quantize="gguf" keeps Q4_1's blocks. A rarer type says what it needs.
+    sys.modules["gguf"] = None makes `import gguf` fail as if it were not installed."""
     monkeypatch.setitem(sys.modules, "gguf", None)
     monkeypatch.setattr(mg, "CHUNK_VALUES", 300)
-    files = [name for name, ref in REFS.items() if ref["type"] in OWN_TYPES]
-    assert {REFS[name]["type"] for name in files} == set(OWN_TYPES)
-    for name in files:
+    assert {ref["type"] for ref in REFS.values()} <= set(mg.OWN_TYPES)
+    for name in REFS:
         tensors = models.from_pretrained(FIXTURES / name).hf_tensors()
         differ = [n for n, a in tensors.items() if sha256(a) != REFS[name]["sha256"][n]]
         assert not differ, f"{name}: these differ from transformers' {differ}"
     kept = models.from_pretrained(FIXTURES / "llama-Q4_1.gguf", quantize="gguf")
     assert isinstance(kept.transformer.h[0].mlp.up_proj, nn.QuantizedLinear)
-    with pytest.raises(ImportError, match=r"reading Q4_K tensors needs the gguf package.*pip"):
-        models.from_pretrained(FIXTURES / "llama-Q4_K.gguf")
+    iq4_nl = {t.name: t for t in GGML_TYPES.values()}["IQ4_NL"]
+    with pytest.raises(ImportError, match=r"reading IQ4_NL tensors needs the gguf package.*pip"):
+        mg.supported(iq4_nl)
+    with pytest.raises(ImportError, match=r"reading IQ4_NL tensors needs the gguf package"):
+        mg._dequantize_rows(np.zeros((1, iq4_nl.type_size), np.uint8), iq4_nl)
+
+
+@pytest.mark.parametrize("name", sorted(DEQUANTIZERS))
+@given(st.integers(1, 9), st.integers(0, 2**32 - 1), st.sampled_from(["random", "zero", "ones"]))
+@settings(deadline=None)
+def test_own_dequantizers_are_ggufs_bit_for_bit(name, n, seed, fill):
+    """ggml_blocks on arbitrary bytes (so also f16 scales that are 0, subnormal, inf or NaN) gives
+    the values gguf.quants gives, bit for bit (NaN where it has NaN)."""
+    kind = {t.name: t for t in GGML_TYPES.values()}[name]
+    blocks = {
+        "random": np.random.default_rng(seed).integers(0, 256, (n, kind.type_size), np.uint8),
+        "zero": np.zeros((n, kind.type_size), np.uint8),
+        "ones": np.full((n, kind.type_size), 0xFF, np.uint8),
+    }[fill]
+    with np.errstate(invalid="ignore", over="ignore"):
+        ours = DEQUANTIZERS[name](blocks)
+        ref = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType(kind.code))
+    assert ours.dtype == np.float32 and ours.shape == (n, kind.block_size) == ref.shape
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(ours), nan)
+    np.testing.assert_array_equal(ours.view(np.uint32)[~nan], ref.view(np.uint32)[~nan])
 
 
 def test_unsupported_tensor_type(tmp_path, monkeypatch):

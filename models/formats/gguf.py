@@ -2,11 +2,12 @@
 
 One home for reading GGUF: the metadata as a dict of plain Python values (read_metadata), the
 tensors' infos, and each tensor dequantized to a requested dtype. The header itself is read by
-gguf_header.py (gguf's own GGUFReader costs ~170 MB on a real vocabulary). F32, F16, BF16 and the
-block formats glassgrad keeps (Q8_0, Q4_0, Q4_1: autograd.quantized) are dequantized here, with
-the arithmetic of gguf.quants.dequantize (the code transformers uses; tests hold them bit-equal);
-the other types (the K-quants, the IQ types, ...) by gguf.quants itself, so only files of those
-need the optional `gguf` package (`pip install glassgrad[gguf]`).
+gguf_header.py (gguf's own GGUFReader costs ~170 MB on a real vocabulary). F32, F16, BF16, the
+block formats glassgrad keeps (Q8_0, Q4_0, Q4_1: autograd.quantized) and the other common ones
+(Q5_0, Q5_1, the K-quants Q2_K to Q6_K: ggml_blocks.py) are dequantized here, with the arithmetic
+of gguf.quants.dequantize (the code transformers uses; tests hold them bit-equal); the rarer types
+(the IQ types, TQ, MXFP4, ...) by gguf.quants itself, so only files of those need the optional
+`gguf` package (`pip install glassgrad[gguf]`).
 
 >>> meta = read_metadata("model.gguf")  # doctest: +SKIP
 >>> meta["general.architecture"], len(meta["tokenizer.ggml.tokens"])  # doctest: +SKIP
@@ -26,6 +27,7 @@ import numpy as np
 from autograd.quantized import FORMATS, QuantizedWeight, from_blocks
 from autograd.quantized import quantize as quantize_weight
 from models.formats.errors import FileFormatError
+from models.formats.ggml_blocks import DEQUANTIZERS
 from models.formats.gguf_header import GGMLType, GGUFHeader
 from models.formats.quantized import QuantizedLoading
 
@@ -54,7 +56,7 @@ def read_metadata(source: str | Path | GGUFHeader) -> dict[str, Any]:
 # what it is given, so a whole 49152 x 576 embedding at once would cost several copies of it.
 CHUNK_VALUES = 1 << 20
 # the types dequantized here; every other one (but F64 and the integers) by gguf.quants
-OWN_TYPES = ("F32", "F16", "BF16", *(fmt.upper() for fmt in FORMATS))
+OWN_TYPES = ("F32", "F16", "BF16", *(fmt.upper() for fmt in FORMATS), *DEQUANTIZERS)
 
 
 class TensorInfo(NamedTuple):
@@ -92,7 +94,7 @@ def gguf_package(why: str) -> Any:
 
 def supported(tensor_type: GGMLType) -> bool:
     """Whether a tensor of this type can be read as floats: the OWN_TYPES, and every type the
-    installed gguf package has a dequantizer for (the K-quants, the IQ types...; not F64 or the
+    installed gguf package has a dequantizer for (the IQ types, TQ, MXFP4...; not F64 or the
     integer types), asked of the package itself on one block of zero bytes, so a newer gguf's
     types work without a change here. Another type without the package: an ImportError."""
     if tensor_type.name in OWN_TYPES:
@@ -111,7 +113,8 @@ def supported(tensor_type: GGMLType) -> bool:
 def _dequantize_rows(rows: np.ndarray, tensor_type: GGMLType) -> np.ndarray:
     """A tensor's rows (a view of the file: plain values, or bytes per row) as float32 values,
     as gguf.quants.dequantize makes them: F16 and BF16 widened exactly, d * q, d * (q - 8) and
-    d * q + m in float32 for the block formats (QuantizedWeight.dequantize_rows)."""
+    d * q + m in float32 for the formats glassgrad keeps (QuantizedWeight.dequantize_rows), and
+    ggml_blocks' arithmetic for the others it reads."""
     name = tensor_type.name
     if name == "F32":
         return rows
@@ -119,6 +122,9 @@ def _dequantize_rows(rows: np.ndarray, tensor_type: GGMLType) -> np.ndarray:
         return rows.astype(np.float32)
     if name == "BF16":  # the high half of a float32's bits
         return (rows.view(np.int16).astype(np.int32) << 16).view(np.float32)
+    if name in DEQUANTIZERS:
+        blocks = rows.reshape(-1, tensor_type.type_size)
+        return DEQUANTIZERS[name](blocks).reshape(rows.shape[0], -1)
     if name in OWN_TYPES:
         n_in = rows.shape[-1] // tensor_type.type_size * tensor_type.block_size
         return from_blocks(rows, name.lower(), n_in).dequantize_rows()
