@@ -188,12 +188,14 @@ def _run_worker(kind: str, mode: str, args: argparse.Namespace, directory: Path)
 def _products_floor(mode: str, args: argparse.Namespace) -> dict[str, float]:
     """Seconds of the step's matrix products alone with numpy's BLAS (benchmarks.products):
     {"sharded": each of --threads shards' products on a thread of its own, at once; "whole":
-    the whole batch's with the BLAS on --threads threads}, each in a fresh process."""
+    the whole batch's with the BLAS on --threads threads; "own": sharded, with each layer's
+    products on arrays of their own, as the step's are (the others repeat a product on the same
+    arrays, from the caches)}, each in a fresh process."""
     import subprocess
 
     config = "smollm2-135m-lora" if mode == "lora" else "smollm2-135m"
     floor = {}
-    for how, extra in (("sharded", []), ("whole", ["--whole"])):
+    for how, extra in (("sharded", []), ("whole", ["--whole"]), ("own", ["--own"])):
         cmd = [sys.executable, "-m", "benchmarks.products", "--worker", "numpy", "--step"]
         cmd += ["--config", config, "--shards", str(args.threads), "--reps", "5", *extra]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -282,13 +284,21 @@ def main(argv: list[str] | None = None) -> int:
             f"{gs / ts:.2f} | {gm:.0f} / {tm:.0f} |"
         )
     if args.floor:  # the floor: the faster of the two ways to run the products
-        print("\n| mode | products sharded / whole batch (s) | glassgrad / floor |")
-        print("| --- | --- | --- |")
+        print(
+            "\n| mode | products sharded / whole batch (s) | glassgrad / floor "
+            "| products sharded, each layer's own arrays (s) | glassgrad / that |"
+        )
+        print("| --- | --- | --- | --- | --- |")
         for mode in modes:
             runs = results[("floor", mode)]
-            sharded, whole = (statistics.median(r[h] for r in runs) for h in ("sharded", "whole"))
+            sharded, whole, own = (
+                statistics.median(r[h] for r in runs) for h in ("sharded", "whole", "own")
+            )
             gs = statistics.median(r["step_s"] for r in results[("glassgrad", mode)])
-            print(f"| {mode} | {sharded:.2f} / {whole:.2f} | {gs / min(sharded, whole):.2f} |")
+            print(
+                f"| {mode} | {sharded:.2f} / {whole:.2f} | {gs / min(sharded, whole):.2f} "
+                f"| {own:.2f} | {gs / own:.2f} |"
+            )
     g0 = results[("glassgrad", modes[0])][0]
     t0 = results[("torch", modes[0])][0]
     print(

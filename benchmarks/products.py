@@ -175,30 +175,47 @@ def measure(library: str, config_name: str, shards: int, reps: int) -> dict[str,
             for what, a, b, out, _ in products}  # fmt: skip
 
 
-def _operands(library: str, config: Any, shards: int) -> list[tuple[str, Any, Any, Any, int]]:
-    """(what, a, b, out, count per step) of every product of one shard's step, for `library`."""
+def _operands(
+    library: str, config: Any, shards: int, own: bool = False
+) -> list[tuple[str, Any, Any, Any, int]]:
+    """(what, a, b, out, count per step) of every product of one shard's step, for `library`;
+    `own`: each of a product's `count` runs a step as an entry of its own (count 1) with arrays
+    of its own."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     out = []
-    for what, count, a_shape, b_shape, ta, tb in step_products(config, shards):
-        a = rng.standard_normal(a_shape, dtype=np.float32)
-        b = rng.standard_normal(b_shape, dtype=np.float32)
-        if library == "torch":
-            import torch
-
-            a, b = torch.from_numpy(a), torch.from_numpy(b)
-        a, b = (a.swapaxes(-1, -2) if ta else a), (b.swapaxes(-1, -2) if tb else b)
-        c = np.empty(tuple(a.shape[:-1]) + tuple(b.shape[-1:]), np.float32)
-        out.append((what, a, b, torch.from_numpy(c) if library == "torch" else c, count))
+    for what, times, a_shape, b_shape, ta, tb in step_products(config, shards):
+        for count in [1] * times if own else [times]:
+            out.append(_product(library, rng, what, count, a_shape, b_shape, ta, tb))
     return out
 
 
-def measure_step(library: str, config_name: str, shards: int, reps: int, whole: bool) -> float:
+def _product(library: str, rng: Any, what: str, count: int, a_shape: tuple, b_shape: tuple,
+             ta: bool, tb: bool) -> tuple[str, Any, Any, Any, int]:  # fmt: skip
+    """One entry of _operands: random a and b (transposed views if ta / tb), an output array."""
+    import numpy as np
+
+    a = rng.standard_normal(a_shape, dtype=np.float32)
+    b = rng.standard_normal(b_shape, dtype=np.float32)
+    if library == "torch":
+        import torch
+
+        a, b = torch.from_numpy(a), torch.from_numpy(b)
+    a, b = (a.swapaxes(-1, -2) if ta else a), (b.swapaxes(-1, -2) if tb else b)
+    c = np.empty(tuple(a.shape[:-1]) + tuple(b.shape[-1:]), np.float32)
+    return what, a, b, (torch.from_numpy(c) if library == "torch" else c), count
+
+
+def measure_step(
+    library: str, config_name: str, shards: int, reps: int, whole: bool, own: bool = False
+) -> float:
     """Median seconds of all the products of one step, each shard's on a thread of its own,
     all shards at once (as the sharded replay runs them), the library on one thread each; or,
     `whole`, the whole batch's products with the library on `shards` threads (as PyTorch runs
-    them)."""
+    them). By default a product that a step runs once a layer runs that many times on the same
+    arrays, which then stay in the caches; `own`: each time on arrays of its own, as the step's
+    layers have their own weights and activations (read from memory, not the caches)."""
     import contextlib
     from concurrent.futures import ThreadPoolExecutor
 
@@ -214,7 +231,7 @@ def measure_step(library: str, config_name: str, shards: int, reps: int, whole: 
         from threadpoolctl import threadpool_limits
 
         matmul, limits = np.matmul, threadpool_limits(limits=threads, user_api="blas")
-    work = [_operands(library, config, shards) for _ in range(shards)]
+    work = [_operands(library, config, shards, own) for _ in range(shards)]
 
     def shard(s: int) -> None:
         for _, a, b, out, count in work[s]:
@@ -288,10 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", choices=["numpy", "torch"], help=argparse.SUPPRESS)
     p.add_argument("--step", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--own", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker and args.step:
         print(
-            json.dumps(measure_step(args.worker, args.config, args.shards, args.reps, args.whole))
+            json.dumps(
+                measure_step(args.worker, args.config, args.shards, args.reps, args.whole, args.own)
+            )
         )
         return 0
     if args.worker:

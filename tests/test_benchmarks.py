@@ -1,5 +1,6 @@
 """The benchmark runner: its quick mode end to end (JSON, markdown, plot) and its small parts."""
 
+import itertools
 import json
 import math
 import re
@@ -186,6 +187,19 @@ def _flops(config):
 def test_step_products_time_on_threads(whole):
     seconds = products.measure_step("numpy", "V11/T16/L1/H2/C8/B4", 2, reps=2, whole=whole)
     assert 0 < seconds < 1
+    own = products.measure_step("numpy", "V11/T16/L2/H2/C8/B4", 2, reps=2, whole=whole, own=True)
+    assert 0 < own < 1
+
+
+def test_own_operands_give_each_run_its_arrays():
+    # the "own" floor: the same products as many times, each run on arrays no other run reads
+    config = parse_config("V11/T16/L2/H2/C8/B4")
+    shared, own = (products._operands("numpy", config, 2, own=o) for o in (False, True))
+    runs = [(what, len(list(group))) for what, group in itertools.groupby(e[0] for e in own)]
+    assert runs == [(what, count) for what, *_, count in shared]
+    assert {count for *_, count in own} == {1}
+    arrays = [x if x.base is None else x.base for _, *xs, _ in own for x in xs]
+    assert len({id(x) for x in arrays}) == len(arrays) == 3 * len(own)
 
 
 @pytest.mark.parametrize("kind", sorted(autodiff_modes.VARIANTS))
