@@ -357,7 +357,9 @@ def set_child(model: Module, name: str, module: Module) -> None:
     """Put `module` where `name` is, and in every other attribute of the parent that held the
     old one (a second name a forward may read it by)."""
     parent_name, _, child = name.rpartition(".")
-    parent = dict(model.named_modules())[parent_name] if parent_name else model
+    parent = model
+    for part in parent_name.split(".") if parent_name else ():  # down the path, not a search
+        parent = parent._modules[part]
     old = parent._modules[child]
     setattr(parent, child, module)
     for attr, value in list(vars(parent).items()):

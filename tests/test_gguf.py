@@ -125,6 +125,37 @@ def test_a_broken_header_is_a_file_format_error(tmp_path, cut, message):
     assert info.value.path == str(path)
 
 
+def _words_file(path, words):
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("test.words", words)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "break_it, message",
+    [
+        (lambda raw, at: raw[: at - 3], "an item of its array runs past the end of the file"),
+        (lambda raw, at: raw[: at + 2], "5 string bytes: more than the file's"),
+        (lambda raw, at: raw[: at - 8] + (2**40).to_bytes(8, "little") + raw[at:], "string bytes"),
+        (lambda raw, at: raw[:at] + b"\xffomeg" + raw[at + 5 :], "an item of its array is not UTF"),
+    ],
+)  # fmt: skip
+def test_a_broken_string_array_names_its_key(tmp_path, break_it, message):
+    """A vocabulary-like string array read in one loop (gguf_header._strings): intact, the
+    strings as gguf reads them; cut or corrupted at an item, an error naming the key."""
+    path = tmp_path / "words.gguf"
+    words = ["alpha", "", "b\u00e9ta", "\u2581x", "omega"]
+    raw = _words_file(path, words)
+    assert mg.read_metadata(path)["test.words"] == words
+    path.write_bytes(break_it(raw, raw.index(b"omega")))  # the last item
+    with pytest.raises(FileFormatError, match=message) as info:
+        mg.open_reader(path)
+    assert info.value.field == "test.words"
+
+
 def test_the_metadata_is_read_afresh(tmp_path):
     path = tmp_path / "m.gguf"
     MAKE.write_llama(path, metadata={"general.name": "first"})

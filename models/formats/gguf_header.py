@@ -39,6 +39,7 @@ SCALARS = {
     6: ("f", 4), 7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8),
 }  # fmt: skip
 STRING, ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")  # a string's length, before its UTF-8 bytes
 # numpy dtypes of the scalar types, for whole arrays of them at once
 SCALAR_DTYPES = {
     0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "?", 10: "u8",
@@ -161,6 +162,26 @@ class GGUFHeader:
         except UnicodeDecodeError as exc:
             raise self._fail(f"{what} is not UTF-8 ({exc})") from None
 
+    def _strings(self, count: int, what: str) -> list[str]:
+        """`count` strings in a row, each read and checked as _string reads one, in one loop with
+        the offset in a local (a vocabulary is ~100k of them: 0.15 s through _string)."""
+        data, offset, size, out = self._bytes, self._offset, len(self._bytes), []
+        for _ in range(count):
+            self._offset = offset  # where an error is raised from
+            if offset + 8 > size:
+                raise self._fail(f"{what} runs past the end of the file ({size} bytes)")
+            (length,) = _LENGTH.unpack_from(data, offset)
+            offset += 8
+            if length > size - offset:
+                raise self._fail(f"{length} string bytes: more than the file's {size} bytes hold")
+            try:
+                out.append(str(data[offset : offset + length], "utf-8"))
+            except UnicodeDecodeError as exc:
+                raise self._fail(f"{what} is not UTF-8 ({exc})") from None
+            offset += length
+        self._offset = offset
+        return out
+
     def _value(self, code: int) -> Any:
         if code in SCALARS:
             return self._scalar(code, "its value")
@@ -176,7 +197,7 @@ class GGUFHeader:
             return np.frombuffer(raw, "<" + SCALAR_DTYPES[item], count).tolist()
         if item == STRING:
             count = self._count(self._scalar(10, "its array's length"), 8, "array items")
-            return [self._string("an item of its array") for _ in range(count)]
+            return self._strings(count, "an item of its array")
         raise self._fail(f"is an array of value type {item} (arrays of arrays are not read)")
 
     def _tensor_record(self) -> tuple[str, tuple[int, ...], int, int]:
