@@ -216,19 +216,6 @@ def _check_blocks(n_in: int, op: str, shape: tuple[int, ...]) -> None:
         )
 
 
-def _round_half_away(v: np.ndarray) -> np.ndarray:
-    """C's roundf (halves away from zero), as ggml's reference quantizer rounds; floor(a + 0.5)
-    would round 0.49999997 up (a + 0.5 is 1.0 in float32)."""
-    a = np.abs(v)
-    whole = np.floor(a)
-    return np.sign(v) * (whole + np.floor(2 * (a - whole)))
-
-
-def _nibble_pairs(q: np.ndarray) -> np.ndarray:
-    """(..., 32) values in [0, 15] -> (..., 16) bytes: value j low, value j + 16 high."""
-    return q[..., : BLOCK // 2] | (q[..., BLOCK // 2 :] << np.uint8(4))
-
-
 def quantize(weight: Any, fmt: str) -> QuantizedWeight:
     """W (in, out) -> its blocks in `fmt`, by llama.cpp's reference quantizers (ggml-quants.c's
     quantize_row_*_ref, as the gguf package's numpy port computes them, bit for bit), in float32:
@@ -236,7 +223,9 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
     q8_0: d = max|x| / 127, q = roundf(x / d);
     q4_0: d = -(the value of largest magnitude) / 8, q = min(15, trunc(x / d + 8.5));
     q4_1: d = (max - min) / 15, m = min, q = min(15, trunc((x - min) / d + 0.5)).
-    A block of zeros gets d = 0 and quants that dequantize to 0."""
+    A block of zeros gets d = 0 and quants that dequantize to 0. The blocks are made by the
+    kernel quantize_rows (Numba; the numpy reference beside it), a group of W^T's rows at a
+    time, so float32 copies stay small. NaN or inf in W: a ValueError (no block holds them)."""
     _check_format(fmt, "quantize")
     w = np.asarray(weight.data if isinstance(weight, Tensor) else weight)
     if w.ndim != 2 or w.dtype.kind != "f":
@@ -248,29 +237,20 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
     mins = np.empty(shape, np.float16) if fmt == "q4_1" else None
     per_block = BLOCK if fmt == "q8_0" else BLOCK // 2
     quants = np.empty((*shape, per_block), np.int8 if fmt == "q8_0" else np.uint8)
-    rows = max(1, (1 << 20) // n_in)  # a group of rows at a time: float32 temporaries stay small
+    rows = max(1, (1 << 20) // n_in)  # a group of rows at a time: float32 copies stay small
     for start in range(0, n_out, rows):
         part = slice(start, start + rows)
-        blocks = w[:, part].T.astype(np.float32).reshape(-1, n_in // BLOCK, BLOCK)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if fmt == "q8_0":
-                d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
-                inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
-                quants[part] = _round_half_away(blocks * inv).astype(np.int8)
-            elif fmt == "q4_0":
-                where = np.abs(blocks).argmax(axis=-1)[..., None]
-                d = np.take_along_axis(blocks, where, axis=-1) / np.float32(-8)
-                inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
-                q = np.trunc(blocks * inv + np.float32(8.5)).astype(np.uint8).clip(0, 15)
-                quants[part] = _nibble_pairs(q)
-            else:
-                low = blocks.min(axis=-1, keepdims=True)
-                d = (blocks.max(axis=-1, keepdims=True) - low) / np.float32(15)
-                inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
-                q = np.trunc((blocks - low) * inv + np.float32(0.5)).astype(np.uint8).clip(0, 15)
-                quants[part] = _nibble_pairs(q)
-                mins[part] = low[..., 0].astype(np.float16)
-        scales[part] = d[..., 0].astype(np.float16)
+        values = np.ascontiguousarray(w[:, part].T, dtype=np.float32)
+        if not np.isfinite(values).all():
+            row, col = np.argwhere(~np.isfinite(values))[0]
+            raise ValueError(
+                f"quantize({fmt}): weight {w.shape} holds {values[row, col]} at "
+                f"[{col}, {start + row}]; only finite values can be quantized"
+            )
+        d, quants[part], m = kernels.quantize_rows(values, fmt)
+        scales[part] = d.astype(np.float16)
+        if mins is not None:
+            mins[part] = m.astype(np.float16)
     return QuantizedWeight(fmt, (n_in, n_out), scales, quants, mins)
 
 

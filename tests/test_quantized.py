@@ -62,6 +62,62 @@ def test_quantize_is_bit_for_bit_ggufs_and_dequantize_its_reader(fmt, n_in, n_ou
     np.testing.assert_array_equal(again.dequantize(), q.dequantize())
 
 
+@settings(deadline=None, max_examples=25)
+@given(
+    st.sampled_from(FORMATS),
+    st.integers(1, 7),
+    st.integers(1, 3),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(["normal", "awkward", "signed zeros", "huge", "ties", "near halves"]),
+    st.sampled_from(["serial", "parallel"]),
+)
+def test_quantize_kernel_is_its_reference_bit_for_bit(fmt, n, blocks, seed, kind, build):
+    """quantize_rows: Numba (serial and parallel builds) against numpy, every bit, on zero
+    blocks, -0 and +0 side by side (a min or max of zero is +0 in both), the largest magnitude
+    repeated with both signs (the first one counts), values one float32 step from a rounding
+    tie (roundf is not floor(a + 0.5)), magnitudes near float32's largest."""
+    from autograd.kernels import _common
+
+    rng = np.random.default_rng(seed)
+    if kind == "awkward":
+        rows = awkward_weight(rng, 32 * blocks, n).T
+    else:
+        rows = rng.standard_normal((n, 32 * blocks)).astype(np.float32)
+        if kind == "signed zeros":
+            rows[rng.random(rows.shape) < 0.5] = 0.0
+            rows[rng.random(rows.shape) < 0.5] *= -1
+            rows[0, :32] = rng.choice([-0.0, 0.0], 32)  # a block of zeros of both signs
+        if kind == "huge":
+            rows *= np.float32(1e37)
+        if kind == "ties":  # small integers: the largest magnitude repeated, with both signs
+            rows = rng.integers(-3, 4, rows.shape).astype(np.float32)
+        if kind == "near halves":  # d = 1 in each format, values a float32 step off k + 1/2
+            halves = rng.integers(-7, 7, rows.shape).astype(np.float32) + np.float32(0.5)
+            rows = np.nextafter(halves, rng.choice(np.float32([-np.inf, np.inf]), rows.shape))
+            assert rows.dtype == np.float32 and not np.any(rows == halves)
+            rows[:, ::32] = {"q8_0": 127.0, "q4_0": -8.0, "q4_1": 7.5}[fmt]
+            rows[:, 1::32] = -7.5 if fmt == "q4_1" else 0.0  # q4_1: max - min = 15
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_common, "PARALLEL_MIN_WORK", 2**62 if build == "serial" else 0)
+        got = K.quantize_rows_numba(rows, fmt)
+    want = K.quantize_rows_numpy(rows, fmt)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
+
+
+def test_quantize_refuses_what_no_block_holds():
+    w = np.ones((64, 3), np.float32)
+    w[40, 2] = np.nan
+    with pytest.raises(
+        ValueError, match=r"quantize\(q4_1\): weight \(64, 3\) holds nan at \[40, 2\]"
+    ):
+        quantize(w, "q4_1")
+    w[40, 2] = -np.inf
+    with pytest.raises(ValueError, match=r"holds -inf at \[40, 2\]; only finite values"):
+        quantize(w, "q8_0")
+
+
 def test_quantize_float64_and_rows():
     rng = np.random.default_rng(0)
     w = rng.standard_normal((64, 5))

@@ -89,6 +89,7 @@ KERNELS: dict[str, Kernel] = {
     "attention_backward": Kernel("attention", "attention", examples.attention_backward),
     "quantized_matmul": Kernel("quantized", "quantized_linear", examples.quantized_matmul),
     "quantized_matmul_t": Kernel("quantized", "quantized_linear", examples.quantized_matmul_t),
+    "quantize_rows": Kernel("quantized", "quantized_linear", examples.quantize_rows),
 }
 
 
@@ -266,6 +267,11 @@ def quantized_matmul_into(x, weight, out):
 def quantized_matmul_t(g, weight):
     """g (N, out) @ W^T for a QuantizedWeight W (quantized.quantized_matmul_t_numpy)."""
     return get_kernel("quantized_matmul_t")(g, weight)
+
+
+def quantize_rows(rows, fmt):
+    """(d, quants, m) of rows (n, in)'s 32-value blocks in fmt (quantized.quantize_rows_numpy)."""
+    return get_kernel("quantize_rows")(rows, fmt)
 
 
 __all__ = [

@@ -144,6 +144,15 @@ def quantized_matmul(rng, dtype, rows, width):
     return rng.standard_normal((rows, weight.shape[0])).astype(dtype), weight
 
 
+def quantize_rows(rng, dtype, rows, width):
+    from autograd.quantized import BLOCK, FORMATS
+
+    n_in = -(-width // BLOCK) * BLOCK
+    values = rng.standard_normal((rows, n_in)).astype(dtype)
+    values[0, :BLOCK] = 0.0  # a block of zeros: d = 0
+    return values, FORMATS[rng.integers(3)]
+
+
 def quantized_matmul_t(rng, dtype, rows, width):
     weight = _quantized_weight(rng, rows, width)
     return rng.standard_normal((rows, weight.shape[1])).astype(dtype), weight

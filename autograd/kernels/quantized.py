@@ -7,6 +7,7 @@ one row, an f16 scale d, q4_1 an f16 minimum m). Each block's values are
 
 - quantized_matmul(x, weight):  x (N, in) @ W -> (N, out)
 - quantized_matmul_t(g, weight): g (N, out) @ W^T -> (N, in)   (the VJP for x)
+- quantize_rows(rows, fmt): W^T's float rows -> their blocks (llama.cpp's reference quantizers)
 
 The numpy references dequantize W with gguf's arithmetic (QuantizedWeight.dequantize_rows) and
 multiply. The Numba paths never hold the whole float W:
@@ -268,3 +269,155 @@ def quantized_matmul_t_numba(g, weight):
     for start, stop, tile in _tiles(weight, g.dtype, g.shape[0]):
         out += g[:, start:stop] @ tile
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# quantizing W^T's rows: llama.cpp's reference quantizers (ggml-quants.c's quantize_row_*_ref,
+# as the gguf package's numpy port computes them), in float32 step for step
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_rows(rows, fmt, kernel):
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    if rows.ndim != 2 or rows.shape[1] % 32 or fmt not in ("q8_0", "q4_0", "q4_1"):
+        raise ValueError(
+            f"{kernel}: rows must be (n, a multiple of 32) and fmt q8_0, q4_0 or q4_1, "
+            f"got {rows.shape} and {fmt!r}"
+        )
+    return rows
+
+
+def _round_half_away(v):
+    """C's roundf (halves away from zero), as ggml's reference quantizer rounds; floor(a + 0.5)
+    would round 0.49999997 up (a + 0.5 is 1.0 in float32)."""
+    a = np.abs(v)
+    whole = np.floor(a)
+    return np.sign(v) * (whole + np.floor(2 * (a - whole)))
+
+
+def _nibble_pairs(q):
+    """(..., 32) values in [0, 15] -> (..., 16) bytes: value j low, value j + 16 high."""
+    return q[..., :16] | (q[..., 16:] << np.uint8(4))
+
+
+def quantize_rows_numpy(rows, fmt):
+    """rows (n, in) of finite floats -> (d, quants, m) of their 32-value blocks, d and m float32
+    (n, in / 32) (m: q4_1's minimum; zeros for the others), quants as QuantizedWeight keeps them:
+
+    q8_0: d = max|x| / 127, q = roundf(x / d)                       (int8, (n, blocks, 32));
+    q4_0: d = -(the value of largest magnitude, the first) / 8, q = min(15, trunc(x / d + 8.5));
+    q4_1: d = (max - min) / 15, m = min, q = min(15, trunc((x - min) / d + 0.5))  (nibble pairs).
+    "/ d" is "* (1 / d)", and 1 / d is 0 for d = 0 (a block of zeros). A zero min or max counts
+    as +0 (numpy's min of 0 and -0 depends on their places), so m and d carry no -0."""
+    rows = _check_rows(rows, fmt, "quantize_rows")
+    blocks = rows.reshape(rows.shape[0], -1, 32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if fmt == "q8_0":
+            d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+            m = np.zeros_like(d)
+        elif fmt == "q4_0":
+            where = np.abs(blocks).argmax(axis=-1)[..., None]
+            d = np.take_along_axis(blocks, where, axis=-1) / np.float32(-8)
+            m = np.zeros_like(d)
+        else:
+            m = blocks.min(axis=-1, keepdims=True) + np.float32(0)
+            top = blocks.max(axis=-1, keepdims=True) + np.float32(0)
+            d = (top - m) / np.float32(15)
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
+    if fmt == "q8_0":
+        quants = _round_half_away(blocks * inv).astype(np.int8)
+    elif fmt == "q4_0":
+        q = np.trunc(blocks * inv + np.float32(8.5)).astype(np.uint8).clip(0, 15)
+        quants = _nibble_pairs(q)
+    else:
+        q = np.trunc((blocks - m) * inv + np.float32(0.5)).astype(np.uint8).clip(0, 15)
+        quants = _nibble_pairs(q)
+    return d[..., 0], quants, m[..., 0]
+
+
+def _exact(fn):
+    """A Kernel with no fast-math flags: each value is rounded where numpy rounds it."""
+    return Kernel(fn, fastmath=False)
+
+
+@njit(cache=True, nogil=True)
+def _roundf(v):
+    """_round_half_away of one float32."""
+    a = abs(v)
+    whole = np.floor(a)
+    r = whole + np.floor(np.float32(2) * (a - whole))
+    return r if v >= 0 else -r
+
+
+@njit(cache=True, nogil=True)
+def _nibble(t):
+    """min(15, t) of a non-negative float32 t, truncated, as uint8 -> clip(0, 15) does."""
+    return np.uint8(min(np.int32(t), 15))
+
+
+@_exact
+def _quantize_q8_0(rows, d, quants):
+    for r in prange(rows.shape[0]):
+        for b in range(d.shape[1]):
+            block = rows[r, 32 * b : 32 * b + 32]
+            amax = np.float32(0)
+            for j in range(32):
+                amax = max(amax, abs(block[j]))
+            scale = amax / np.float32(127)
+            inv = np.float32(1) / scale if scale != 0 else np.float32(0)
+            d[r, b] = scale
+            for j in range(32):
+                quants[r, b, j] = np.int8(_roundf(block[j] * inv))
+
+
+@_exact
+def _quantize_q4_0(rows, d, quants):
+    for r in prange(rows.shape[0]):
+        for b in range(d.shape[1]):
+            block = rows[r, 32 * b : 32 * b + 32]
+            extreme = block[0]  # the first of the largest magnitude, sign and all (argmax)
+            for j in range(1, 32):
+                if abs(block[j]) > abs(extreme):
+                    extreme = block[j]
+            scale = extreme / np.float32(-8)
+            inv = np.float32(1) / scale if scale != 0 else np.float32(0)
+            d[r, b] = scale
+            for j in range(16):
+                low = _nibble(np.trunc(block[j] * inv + np.float32(8.5)))
+                high = _nibble(np.trunc(block[16 + j] * inv + np.float32(8.5)))
+                quants[r, b, j] = low | (high << np.uint8(4))
+
+
+@_exact
+def _quantize_q4_1(rows, d, m, quants):
+    for r in prange(rows.shape[0]):
+        for b in range(d.shape[1]):
+            block = rows[r, 32 * b : 32 * b + 32]
+            low, top = block[0], block[0]
+            for j in range(1, 32):
+                low, top = min(low, block[j]), max(top, block[j])
+            low, top = low + np.float32(0), top + np.float32(0)  # -0 -> +0
+            scale = (top - low) / np.float32(15)
+            inv = np.float32(1) / scale if scale != 0 else np.float32(0)
+            d[r, b], m[r, b] = scale, low
+            for j in range(16):
+                q_low = _nibble(np.trunc((block[j] - low) * inv + np.float32(0.5)))
+                q_high = _nibble(np.trunc((block[16 + j] - low) * inv + np.float32(0.5)))
+                quants[r, b, j] = q_low | (q_high << np.uint8(4))
+
+
+def quantize_rows_numba(rows, fmt):
+    """Numba quantize_rows; the same contract and the same bits as quantize_rows_numpy."""
+    rows = _check_rows(rows, fmt, "quantize_rows")
+    n, blocks = rows.shape[0], rows.shape[1] // 32
+    d, m = np.empty((n, blocks), np.float32), np.zeros((n, blocks), np.float32)
+    if fmt == "q8_0":
+        quants = np.empty((n, blocks, 32), np.int8)
+        _quantize_q8_0(rows.size, rows, d, quants)
+    elif fmt == "q4_0":
+        quants = np.empty((n, blocks, 16), np.uint8)
+        _quantize_q4_0(rows.size, rows, d, quants)
+    else:
+        quants = np.empty((n, blocks, 16), np.uint8)
+        _quantize_q4_1(rows.size, rows, d, m, quants)
+    return d, quants, m
