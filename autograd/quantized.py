@@ -8,8 +8,10 @@ and an f16 scale (llama.cpp's ggml-common.h, the `gguf` package's gguf/quants.py
 | q8_0   | f16 d, 32 int8 q                          | x = d * q               | 34 / 32       |
 | q4_0   | f16 d, 16 bytes of nibbles q in [0, 15]    | x = d * (q - 8)         | 18 / 32       |
 | q4_1   | f16 d, f16 m, 16 bytes of nibbles          | x = d * q + m           | 20 / 32       |
+| q5_0   | f16 d, 32 high bits, 16 bytes of nibbles   | x = d * (q - 16)        | 22 / 32       |
 
-In a nibble byte j of a block, the low four bits are value j and the high four bits value j + 16.
+In a nibble byte j of a block, the low four bits are value j and the high four bits value j + 16;
+q5_0's fifth bits are one little-endian 32-bit mask, bit j value j's.
 
 Row-vector convention (notes 3.2): a Linear is y = x @ W with W (in, out). The blocks run along
 `in`, so a QuantizedWeight stores the rows of W^T, `out` rows of `in` values each, exactly as a
@@ -34,7 +36,8 @@ from autograd.functional import _rowwise_axis
 from autograd.tensor import Function, Tensor
 
 BLOCK = 32  # values per block, every format here
-FORMATS = ("q8_0", "q4_0", "q4_1")
+FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0")
+ARRAYS = ("scales", "quants", "mins", "highs")  # a QuantizedWeight's arrays (None: not this format)
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,7 +45,8 @@ class QuantizedWeight:
     """A frozen (in, out) weight W as blocks of its transpose's rows (module docstring).
 
     scales: (out, in / 32) float16, each block's d; mins: the same for q4_1's m, else None;
-    quants: q8_0 (out, in / 32, 32) int8; q4_0 and q4_1 (out, in / 32, 16) uint8 nibble pairs.
+    quants: q8_0 (out, in / 32, 32) int8; the others (out, in / 32, 16) uint8 nibble pairs;
+    highs: q5_0's fifth bits, (out, in / 32) uint32, else None.
     Build one with quantize(W, format), or from a GGUF tensor's raw blocks (from_blocks)."""
 
     format: str
@@ -50,6 +54,7 @@ class QuantizedWeight:
     scales: np.ndarray
     quants: np.ndarray
     mins: np.ndarray | None = None
+    highs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n_in, n_out = self.shape
@@ -66,6 +71,10 @@ class QuantizedWeight:
             want["mins"] = (self.mins, np.float16, (n_out, n_in // BLOCK))
         elif self.mins is not None:
             raise ValueError(f"QuantizedWeight: {self.format} has no mins (only q4_1 does)")
+        if self.format == "q5_0":
+            want["highs"] = (self.highs, np.uint32, (n_out, n_in // BLOCK))
+        elif self.highs is not None:
+            raise ValueError(f"QuantizedWeight: {self.format} has no highs (only q5_0 does)")
         for name, (array, dtype, shape) in want.items():
             if (
                 not isinstance(array, np.ndarray)
@@ -90,12 +99,16 @@ class QuantizedWeight:
     @property
     def nbytes(self) -> int:
         """Bytes of the blocks: what a GGUF file of this format holds for the tensor."""
-        mins = 0 if self.mins is None else self.mins.nbytes
-        return self.scales.nbytes + self.quants.nbytes + mins
+        return sum(a.nbytes for a in self.arrays().values())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays this format has, by name (ARRAYS' order)."""
+        return {name: getattr(self, name) for name in ARRAYS if getattr(self, name) is not None}
 
     def dequantize_rows(self, rows: Any = slice(None)) -> np.ndarray:
         """Rows of W^T (out-indices: a slice or integer ids) as float32 (len, in), with gguf's
-        reader's arithmetic (gguf.quants.dequantize): d * q, d * (q - 8), d * q + m in float32."""
+        reader's arithmetic (gguf.quants.dequantize): d * q, d * (q - 8), d * q + m, d * (q - 16)
+        in float32."""
         d = self.scales[rows].astype(np.float32)[..., None]
         q = self.quants[rows]
         if self.format == "q8_0":
@@ -104,6 +117,11 @@ class QuantizedWeight:
             nibbles = np.concatenate([q & np.uint8(0x0F), q >> np.uint8(4)], axis=-1)
             if self.format == "q4_0":
                 values = d * (nibbles.astype(np.int8) - np.int8(8)).astype(np.float32)
+            elif self.format == "q5_0":
+                highs = self.highs[rows].view(np.uint8).reshape(*nibbles.shape[:-1], 4)
+                fifth = np.unpackbits(highs, axis=-1, bitorder="little")  # bit j: value j
+                q = (nibbles | (fifth << np.uint8(4))).astype(np.int8) - np.int8(16)
+                values = d * q.astype(np.float32)
             else:
                 values = (
                     d * nibbles.astype(np.float32) + self.mins[rows].astype(np.float32)[..., None]
@@ -117,21 +135,16 @@ class QuantizedWeight:
     def blocks(self) -> np.ndarray:
         """The raw blocks as a GGUF file stores them: (out, in / 32 * bytes per block) uint8."""
         parts = [self.scales.view(np.uint8).reshape(*self.scales.shape, 2)]
-        if self.mins is not None:
-            parts.append(self.mins.view(np.uint8).reshape(*self.mins.shape, 2))
+        for extra in (self.mins, self.highs):  # in the file's order: d, m or the high bits, q
+            if extra is not None:
+                parts.append(extra.view(np.uint8).reshape(*extra.shape, extra.itemsize))
         parts.append(self.quants.view(np.uint8))
         return np.concatenate(parts, axis=-1).reshape(self.shape[1], -1)
 
     def take_rows(self, rows: np.ndarray) -> QuantizedWeight:
         """The same weight with its rows (out-indices) reordered: rows[i] becomes row i."""
-        mins = None if self.mins is None else np.ascontiguousarray(self.mins[rows])
-        return QuantizedWeight(
-            self.format,
-            (self.shape[0], len(rows)),
-            np.ascontiguousarray(self.scales[rows]),
-            np.ascontiguousarray(self.quants[rows]),
-            mins,
-        )
+        taken = {name: np.ascontiguousarray(a[rows]) for name, a in self.arrays().items()}
+        return QuantizedWeight(self.format, (self.shape[0], len(rows)), **taken)
 
     def __repr__(self) -> str:
         return f"QuantizedWeight({self.format}, in={self.shape[0]}, out={self.shape[1]})"
@@ -140,7 +153,7 @@ class QuantizedWeight:
 def _consecutive_views(weights: list[QuantizedWeight]) -> QuantizedWeight | None:
     """The weight whose arrays `weights` are consecutive row views of, covering all of it (what
     concatenate_outputs returned for them before), or None."""
-    names = ("scales", "quants", "mins")
+    names = ARRAYS
     bases = [getattr(weights[0], name) for name in names]
     bases = [None if a is None else a.base for a in bases]
     if bases[1] is None or bases[0] is None:
@@ -184,20 +197,13 @@ def concatenate_outputs(
         arrays = [getattr(w, name) for w in weights]
         return None if arrays[0] is None else np.concatenate(arrays)
 
-    fused = QuantizedWeight(
-        first.format,
-        (first.shape[0], sum(w.shape[1] for w in weights)),
-        joined("scales"),
-        joined("quants"),
-        joined("mins"),
-    )
+    shape = (first.shape[0], sum(w.shape[1] for w in weights))
+    fused = QuantizedWeight(first.format, shape, **{name: joined(name) for name in ARRAYS})
     views, start = [], 0
     for w in weights:
         rows = slice(start, start + w.shape[1])
-        mins = None if fused.mins is None else fused.mins[rows]
-        views.append(
-            QuantizedWeight(w.format, w.shape, fused.scales[rows], fused.quants[rows], mins)
-        )
+        parts = {name: a[rows] for name, a in fused.arrays().items()}
+        views.append(QuantizedWeight(w.format, w.shape, **parts))
         start = rows.stop
     return fused, views
 
@@ -222,7 +228,8 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
 
     q8_0: d = max|x| / 127, q = roundf(x / d);
     q4_0: d = -(the value of largest magnitude) / 8, q = min(15, trunc(x / d + 8.5));
-    q4_1: d = (max - min) / 15, m = min, q = min(15, trunc((x - min) / d + 0.5)).
+    q4_1: d = (max - min) / 15, m = min, q = min(15, trunc((x - min) / d + 0.5));
+    q5_0: d = -(the value of largest magnitude) / 16, q = min(31, trunc(x / d + 16.5)).
     A block of zeros gets d = 0 and quants that dequantize to 0. The blocks are made by the
     kernel quantize_rows (Numba; the numpy reference beside it), a group of W^T's rows at a
     time, so float32 copies stay small. NaN or inf in W: a ValueError (no block holds them)."""
@@ -235,6 +242,7 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
     shape = (n_out, n_in // BLOCK)
     scales = np.empty(shape, np.float16)
     mins = np.empty(shape, np.float16) if fmt == "q4_1" else None
+    highs = np.empty(shape, np.uint32) if fmt == "q5_0" else None
     per_block = BLOCK if fmt == "q8_0" else BLOCK // 2
     quants = np.empty((*shape, per_block), np.int8 if fmt == "q8_0" else np.uint8)
     rows = max(1, (1 << 20) // n_in)  # a group of rows at a time: float32 copies stay small
@@ -247,14 +255,16 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
                 f"quantize({fmt}): weight {w.shape} holds {values[row, col]} at "
                 f"[{col}, {start + row}]; only finite values can be quantized"
             )
-        d, quants[part], m = kernels.quantize_rows(values, fmt)
+        d, quants[part], m, h = kernels.quantize_rows(values, fmt)
         scales[part] = d.astype(np.float16)
         if mins is not None:
             mins[part] = m.astype(np.float16)
-    return QuantizedWeight(fmt, (n_in, n_out), scales, quants, mins)
+        if highs is not None:
+            highs[part] = h
+    return QuantizedWeight(fmt, (n_in, n_out), scales, quants, mins, highs)
 
 
-BYTES_PER_BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+BYTES_PER_BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22}
 
 
 def from_blocks(raw: np.ndarray, fmt: str, n_in: int) -> QuantizedWeight:
@@ -274,14 +284,16 @@ def from_blocks(raw: np.ndarray, fmt: str, n_in: int) -> QuantizedWeight:
     def f16(start: int) -> np.ndarray:
         return np.ascontiguousarray(blocks[..., start : start + 2]).view(np.float16)[..., 0]
 
-    head = 4 if fmt == "q4_1" else 2
+    head = {"q4_1": 4, "q5_0": 6}.get(fmt, 2)  # d, then q4_1's m or q5_0's 4 bytes of high bits
     quants = np.ascontiguousarray(blocks[..., head:])
+    highs = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)[..., 0]
     return QuantizedWeight(
         fmt,
         (n_in, raw.shape[0]),
         f16(0),
         quants.view(np.int8) if fmt == "q8_0" else quants,
         f16(2) if fmt == "q4_1" else None,
+        highs if fmt == "q5_0" else None,
     )
 
 

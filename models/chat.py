@@ -13,7 +13,7 @@ says when a reply was cut at --max-new-tokens or at the end of the context.
 A reply's tokens after the turn's first are decoded by the compiled decode step (docs/decoding.md;
 --eager: op by op). A .gguf file's weights stay in its own blocks, as llama.cpp runs it (fewer
 bytes read a token, docs/quantization.md; --quantize float: dequantized to float32); --quantize
-q8_0, q4_0 or q4_1 quantizes any model's Linear weights as they load.
+q8_0, q4_0, q4_1 or q5_0 quantizes any model's Linear weights as they load.
 """
 
 from __future__ import annotations
@@ -173,11 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument(
         "--quantize",
-        choices=["gguf", "q8_0", "q4_0", "q4_1", "float"],
+        choices=["gguf", "q8_0", "q4_0", "q4_1", "q5_0", "float"],
         default=None,
         help="how the weights are held: gguf, a .gguf file's own blocks (the default for a .gguf "
-        "file, as llama.cpp runs it); q8_0 / q4_0 / q4_1 blocks; float, float32 (the default "
-        "otherwise); docs/quantization.md",
+        "file, as llama.cpp runs it); q8_0 / q4_0 / q4_1 / q5_0 blocks; float, float32 (the "
+        "default otherwise); docs/quantization.md",
     )
     p.add_argument(
         "--eager", action="store_true", help="decode op by op, not by the compiled decode step"

@@ -77,7 +77,7 @@ def _adapter_run(directory: Path, quantize: str | None) -> tuple[Decoder, Tokeni
     if quantize == "gguf":
         raise ValueError(
             f"{directory}: quantize='gguf' keeps a file's own blocks, which a LoRA adapter "
-            "cannot be folded into: give q8_0, q4_0 or q4_1"
+            "cannot be folded into: give q8_0, q4_0, q4_1 or q5_0"
         )
     net, _ = merged_model(base, directory)
     if quantize is not None:

@@ -270,7 +270,7 @@ def quantized_matmul_t(g, weight):
 
 
 def quantize_rows(rows, fmt):
-    """(d, quants, m) of rows (n, in)'s 32-value blocks in fmt (quantized.quantize_rows_numpy)."""
+    """(d, quants, m, h) of rows (n, in)'s 32-value blocks (quantized.quantize_rows_numpy)."""
     return get_kernel("quantize_rows")(rows, fmt)
 
 

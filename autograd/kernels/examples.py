@@ -132,11 +132,11 @@ def attention_backward(rng, dtype, rows, width):
 
 def _quantized_weight(rng, rows, width):
     """A QuantizedWeight of in = width rounded up to whole blocks and out = rows + 300, in a
-    format drawn from the three."""
+    format drawn from FORMATS."""
     from autograd.quantized import BLOCK, FORMATS, quantize
 
     n_in = -(-width // BLOCK) * BLOCK
-    return quantize(rng.standard_normal((n_in, rows + 300)), FORMATS[rng.integers(3)])
+    return quantize(rng.standard_normal((n_in, rows + 300)), FORMATS[rng.integers(len(FORMATS))])
 
 
 def quantized_matmul(rng, dtype, rows, width):
@@ -150,7 +150,7 @@ def quantize_rows(rng, dtype, rows, width):
     n_in = -(-width // BLOCK) * BLOCK
     values = rng.standard_normal((rows, n_in)).astype(dtype)
     values[0, :BLOCK] = 0.0  # a block of zeros: d = 0
-    return values, FORMATS[rng.integers(3)]
+    return values, FORMATS[rng.integers(len(FORMATS))]
 
 
 def quantized_matmul_t(rng, dtype, rows, width):

@@ -3,8 +3,8 @@
 One home for reading GGUF: the metadata as a dict of plain Python values (read_metadata), the
 tensors' infos, and each tensor dequantized to a requested dtype. The header itself is read by
 gguf_header.py (gguf's own GGUFReader costs ~170 MB on a real vocabulary). F32, F16, BF16, the
-block formats glassgrad keeps (Q8_0, Q4_0, Q4_1: autograd.quantized) and the other common ones
-(Q5_0, Q5_1, the K-quants Q2_K to Q6_K: ggml_blocks.py) are dequantized here, with the arithmetic
+block formats glassgrad keeps (Q8_0, Q4_0, Q4_1, Q5_0: autograd.quantized) and the other common
+ones (Q5_1, the K-quants Q2_K to Q6_K: ggml_blocks.py) are dequantized here, with the arithmetic
 of gguf.quants.dequantize (the code transformers uses; tests hold them bit-equal); the rarer types
 (the IQ types, TQ, MXFP4, ...) by gguf.quants itself, so only files of those need the optional
 `gguf` package (`pip install glassgrad[gguf]`).
@@ -172,10 +172,7 @@ def quantize_rows(tensor: Any, fmt: str, path: str | Path = "") -> QuantizedWeig
     for start in range(0, rows_in.shape[0], step):
         values = _dequantize_rows(rows_in[start : start + step], tensor.tensor_type)
         part = quantize_weight(values.T, fmt)
-        for name in ("scales", "quants", "mins"):
-            block_array = getattr(part, name)
-            if block_array is None:
-                continue
+        for name, block_array in part.arrays().items():
             if name not in arrays:
                 rows = (rows_in.shape[0], *block_array.shape[1:])
                 arrays[name] = np.empty(rows, block_array.dtype)
@@ -392,10 +389,10 @@ def load(
     before any is read; then each is dequantized straight into dtype, one at a time (the peak is
     the model in dtype plus about one tensor).
 
-    quantize: None (every weight in dtype), "q8_0" / "q4_0" / "q4_1" (every Linear weight and a
-    tied embedding quantized as it is read) or "gguf" (those weights keep the file's own Q8_0,
-    Q4_0, Q4_1 blocks, never dequantized; of another type they are dequantized to dtype). The
-    float weights the quantized ones replace are never allocated (QuantizedLoading)."""
+    quantize: None (every weight in dtype), "q8_0" / "q4_0" / "q4_1" / "q5_0" (every Linear
+    weight and a tied embedding quantized as it is read) or "gguf" (those weights keep the file's
+    own Q8_0, Q4_0, Q4_1, Q5_0 blocks, never dequantized; of another type they are dequantized to
+    dtype). The float weights the quantized ones replace are never allocated (QuantizedLoading)."""
     from autograd import get_default_dtype
     from models.architectures.decoder import _NoInit  # every weight is about to be loaded
     from models.architectures.llama import Llama

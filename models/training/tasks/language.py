@@ -54,7 +54,7 @@ class LanguageConfig(TrainConfig):
         "keep the --init-from model's Linear weights quantized and frozen (gguf: a .gguf "
         "file's own blocks), with --lora-rank: LoRA on a quantized base (QLoRA)",
         None,
-        choices=("q8_0", "q4_0", "q4_1", "gguf"),
+        choices=("q8_0", "q4_0", "q4_1", "q5_0", "gguf"),
         resume_keeps=True,
     )
     tokenizer: str = setting(
