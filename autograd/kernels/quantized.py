@@ -144,18 +144,27 @@ def _five(nibble, mask, bit):
     return np.int32(nibble | (((mask >> np.int32(bit)) & np.int32(1)) << np.int32(4)))
 
 
+BIT = (np.int64(1) << np.arange(32)).astype(np.uint32).view(np.int32)  # bit j set in BIT[j]
+
+
 @_kernel
-def _matvec_q5_0(x, scales, highs, quants, table, ahead, out):
+def _matvec_q5_0(x, scales, highs, quants, table, bit, ahead, out):
+    # d * (q - 16) with q = nibble + 16 * fifth bit, as d * nibble + (0 if the bit is set, else
+    # -16 d): one FMA, and the exact value both ways (an 11-bit d times a 5-bit integer; only a
+    # zero's sign can differ, which no sum sees). The bit picks a constant (a vector blend)
+    # instead of being shifted into q per value (64-bit shifts: the kernel ran 1.9x slower)
     for r in prange(quants.shape[0]):
         _prefetch_row(quants, r, ahead)
         lanes = np.zeros(32, x.dtype)
         for b in range(scales.shape[1]):
             d, mask = table[scales[r, b]], highs[r, b]
+            unset, zero = d * np.float32(-16), np.float32(0)
             for j in range(16):
                 low, high = _nibbles(quants[r, 16 * b + j])
-                low, high = _five(low, mask, j), _five(high, mask, j + 16)
-                lanes[j] += x[32 * b + j] * (d * (np.float32(low) - np.float32(16)))
-                lanes[16 + j] += x[32 * b + 16 + j] * (d * (np.float32(high) - np.float32(16)))
+                low_offset = zero if mask & bit[j] else unset
+                high_offset = zero if mask & bit[16 + j] else unset
+                lanes[j] += x[32 * b + j] * (d * np.float32(low) + low_offset)
+                lanes[16 + j] += x[32 * b + 16 + j] * (d * np.float32(high) + high_offset)
         out[r] = lanes.sum()
 
 
@@ -195,7 +204,7 @@ def _matvec(x, weight, out):
     elif weight.format == "q4_1":
         _matvec_q4_1(work, x, bits, extra, quants, F16_TO_F32, ahead, out)
     else:
-        _matvec_q5_0(work, x, bits, extra, quants, F16_TO_F32, ahead, out)
+        _matvec_q5_0(work, x, bits, extra, quants, F16_TO_F32, BIT, ahead, out)
 
 
 # ---------------------------------------------------------------------------------------------
