@@ -9,9 +9,10 @@ and an f16 scale (llama.cpp's ggml-common.h, the `gguf` package's gguf/quants.py
 | q4_0   | f16 d, 16 bytes of nibbles q in [0, 15]    | x = d * (q - 8)         | 18 / 32       |
 | q4_1   | f16 d, f16 m, 16 bytes of nibbles          | x = d * q + m           | 20 / 32       |
 | q5_0   | f16 d, 32 high bits, 16 bytes of nibbles   | x = d * (q - 16)        | 22 / 32       |
+| q5_1   | f16 d, f16 m, 32 high bits, 16 bytes       | x = d * q + m           | 24 / 32       |
 
 In a nibble byte j of a block, the low four bits are value j and the high four bits value j + 16;
-q5_0's fifth bits are one little-endian 32-bit mask, bit j value j's.
+q5_0's and q5_1's fifth bits are one little-endian 32-bit mask, bit j value j's.
 
 Row-vector convention (notes 3.2): a Linear is y = x @ W with W (in, out). The blocks run along
 `in`, so a QuantizedWeight stores the rows of W^T, `out` rows of `in` values each, exactly as a
@@ -36,7 +37,8 @@ from autograd.functional import _rowwise_axis
 from autograd.tensor import Function, Tensor
 
 BLOCK = 32  # values per block, every format here
-FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0")
+FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+WITH_MINS, WITH_HIGHS = ("q4_1", "q5_1"), ("q5_0", "q5_1")
 ARRAYS = ("scales", "quants", "mins", "highs")  # a QuantizedWeight's arrays (None: not this format)
 
 
@@ -44,9 +46,9 @@ ARRAYS = ("scales", "quants", "mins", "highs")  # a QuantizedWeight's arrays (No
 class QuantizedWeight:
     """A frozen (in, out) weight W as blocks of its transpose's rows (module docstring).
 
-    scales: (out, in / 32) float16, each block's d; mins: the same for q4_1's m, else None;
+    scales: (out, in / 32) float16, each block's d; mins: the same for q4_1's and q5_1's m;
     quants: q8_0 (out, in / 32, 32) int8; the others (out, in / 32, 16) uint8 nibble pairs;
-    highs: q5_0's fifth bits, (out, in / 32) uint32, else None.
+    highs: q5_0's and q5_1's fifth bits, (out, in / 32) uint32; None in the other formats.
     Build one with quantize(W, format), or from a GGUF tensor's raw blocks (from_blocks)."""
 
     format: str
@@ -67,14 +69,14 @@ class QuantizedWeight:
                 (n_out, n_in // BLOCK, per_block),
             ),
         }
-        if self.format == "q4_1":
+        if self.format in WITH_MINS:
             want["mins"] = (self.mins, np.float16, (n_out, n_in // BLOCK))
         elif self.mins is not None:
-            raise ValueError(f"QuantizedWeight: {self.format} has no mins (only q4_1 does)")
-        if self.format == "q5_0":
+            raise ValueError(f"QuantizedWeight: {self.format} has no mins (q4_1 and q5_1 do)")
+        if self.format in WITH_HIGHS:
             want["highs"] = (self.highs, np.uint32, (n_out, n_in // BLOCK))
         elif self.highs is not None:
-            raise ValueError(f"QuantizedWeight: {self.format} has no highs (only q5_0 does)")
+            raise ValueError(f"QuantizedWeight: {self.format} has no highs (q5_0 and q5_1 do)")
         for name, (array, dtype, shape) in want.items():
             if (
                 not isinstance(array, np.ndarray)
@@ -115,14 +117,15 @@ class QuantizedWeight:
             values = q.astype(np.float32) * d
         else:
             nibbles = np.concatenate([q & np.uint8(0x0F), q >> np.uint8(4)], axis=-1)
+            if self.highs is not None:  # q5_0, q5_1: the fifth bits
+                highs = self.highs[rows].view(np.uint8).reshape(*nibbles.shape[:-1], 4)
+                fifth = np.unpackbits(highs, axis=-1, bitorder="little")  # bit j: value j
+                nibbles = nibbles | (fifth << np.uint8(4))
             if self.format == "q4_0":
                 values = d * (nibbles.astype(np.int8) - np.int8(8)).astype(np.float32)
             elif self.format == "q5_0":
-                highs = self.highs[rows].view(np.uint8).reshape(*nibbles.shape[:-1], 4)
-                fifth = np.unpackbits(highs, axis=-1, bitorder="little")  # bit j: value j
-                q = (nibbles | (fifth << np.uint8(4))).astype(np.int8) - np.int8(16)
-                values = d * q.astype(np.float32)
-            else:
+                values = d * (nibbles.astype(np.int8) - np.int8(16)).astype(np.float32)
+            else:  # q4_1, q5_1
                 values = (
                     d * nibbles.astype(np.float32) + self.mins[rows].astype(np.float32)[..., None]
                 )
@@ -229,7 +232,8 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
     q8_0: d = max|x| / 127, q = roundf(x / d);
     q4_0: d = -(the value of largest magnitude) / 8, q = min(15, trunc(x / d + 8.5));
     q4_1: d = (max - min) / 15, m = min, q = min(15, trunc((x - min) / d + 0.5));
-    q5_0: d = -(the value of largest magnitude) / 16, q = min(31, trunc(x / d + 16.5)).
+    q5_0: d = -(the value of largest magnitude) / 16, q = min(31, trunc(x / d + 16.5));
+    q5_1: d = (max - min) / 31, m = min, q = min(31, trunc((x - min) / d + 0.5)).
     A block of zeros gets d = 0 and quants that dequantize to 0. The blocks are made by the
     kernel quantize_rows (Numba; the numpy reference beside it), a group of W^T's rows at a
     time, so float32 copies stay small. NaN or inf in W: a ValueError (no block holds them)."""
@@ -241,8 +245,8 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
     n_in, n_out = w.shape
     shape = (n_out, n_in // BLOCK)
     scales = np.empty(shape, np.float16)
-    mins = np.empty(shape, np.float16) if fmt == "q4_1" else None
-    highs = np.empty(shape, np.uint32) if fmt == "q5_0" else None
+    mins = np.empty(shape, np.float16) if fmt in WITH_MINS else None
+    highs = np.empty(shape, np.uint32) if fmt in WITH_HIGHS else None
     per_block = BLOCK if fmt == "q8_0" else BLOCK // 2
     quants = np.empty((*shape, per_block), np.int8 if fmt == "q8_0" else np.uint8)
     rows = max(1, (1 << 20) // n_in)  # a group of rows at a time: float32 copies stay small
@@ -264,7 +268,7 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
     return QuantizedWeight(fmt, (n_in, n_out), scales, quants, mins, highs)
 
 
-BYTES_PER_BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22}
+BYTES_PER_BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24}
 
 
 def from_blocks(raw: np.ndarray, fmt: str, n_in: int) -> QuantizedWeight:
@@ -284,16 +288,18 @@ def from_blocks(raw: np.ndarray, fmt: str, n_in: int) -> QuantizedWeight:
     def f16(start: int) -> np.ndarray:
         return np.ascontiguousarray(blocks[..., start : start + 2]).view(np.float16)[..., 0]
 
-    head = {"q4_1": 4, "q5_0": 6}.get(fmt, 2)  # d, then q4_1's m or q5_0's 4 bytes of high bits
+    # d, then m (q4_1, q5_1), then 4 bytes of fifth bits (q5_0, q5_1), then the quants
+    high = 4 if fmt in WITH_MINS else 2
+    head = high + (4 if fmt in WITH_HIGHS else 0)
     quants = np.ascontiguousarray(blocks[..., head:])
-    highs = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)[..., 0]
+    highs = np.ascontiguousarray(blocks[..., high : high + 4]).view(np.uint32)[..., 0]
     return QuantizedWeight(
         fmt,
         (n_in, raw.shape[0]),
         f16(0),
         quants.view(np.int8) if fmt == "q8_0" else quants,
-        f16(2) if fmt == "q4_1" else None,
-        highs if fmt == "q5_0" else None,
+        f16(2) if fmt in WITH_MINS else None,
+        highs if fmt in WITH_HIGHS else None,
     )
 
 

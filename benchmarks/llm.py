@@ -61,7 +61,7 @@ SMOLLM2_135M = dict(  # models.architectures.llama.llama_config's sizes of SmolL
 TINY = dict(SMOLLM2_135M, vocab_size=256, n_layer=2, n_embd=36, ffn_hidden=48)
 
 # llama.cpp's file types (llama.h's LLAMA_FTYPE_*) for the formats it converts the file to.
-LLAMA_FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8}
+LLAMA_FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9}
 
 
 def write_model(directory: Path, sizes: dict) -> None:

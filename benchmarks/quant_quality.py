@@ -2,10 +2,10 @@
 
 For each text (the first 600 tokens of the stdlib's argparse.py source; a passage of the notes,
 ../shared/transformer-notes.zh.txt, when that file is there) and each way of holding the weights
-(q8_0, q4_0, q4_1, q5_0 quantized from the float32 weights, and "gguf": the file's own blocks),
-against the same model in float64: the top-1 agreement of the next-token choice, the mean KL
-divergence KL(p_float64 || p_quantized) of the next-token distributions, and each model's
-perplexity on the text. The quantized models compute in float32, as they decode.
+(q8_0, q4_0, q4_1, q5_0, q5_1 quantized from the float32 weights, and "gguf": the file's own
+blocks), against the same model in float64: the top-1 agreement of the next-token choice, the
+mean KL divergence KL(p_float64 || p_quantized) of the next-token distributions, and each
+model's perplexity on the text. The quantized models compute in float32, as they decode.
 
     python -m benchmarks.quant_quality [model.gguf]     (default: the packaged SmolLM2-135M)
 
@@ -24,7 +24,7 @@ import numpy as np
 
 TOKENS = 600
 NOTES = Path(__file__).resolve().parent.parent.parent / "shared" / "transformer-notes.zh.txt"
-WAYS = ("q8_0", "q4_0", "q4_1", "q5_0", "gguf")
+WAYS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "gguf")
 
 
 def texts(tokenizer) -> dict[str, np.ndarray]:

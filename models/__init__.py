@@ -40,10 +40,10 @@ def from_pretrained(
     A malformed file is a FileFormatError naming it and the field; a model too large for the
     memory available (or max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before allocating.
 
-    quantize (docs/quantization.md): "q8_0", "q4_0", "q4_1" or "q5_0" keep every Linear weight
-    (and a tied embedding, which is also the output head) quantized in llama.cpp's block format,
-    quantized as it is read; "gguf" keeps a GGUF file's own Q8_0 / Q4_0 / Q4_1 / Q5_0 blocks as they
-    are (other types dequantized to dtype). Tensor by tensor: the float model is never held."""
+    quantize (docs/quantization.md): "q8_0", "q4_0", "q4_1", "q5_0" or "q5_1" keep every Linear
+    weight (and a tied embedding, which is also the output head) quantized in llama.cpp's block
+    format, quantized as it is read; "gguf" keeps a GGUF file's own blocks of those formats as
+    they are (other types dequantized to dtype). Tensor by tensor: the float model is never held."""
     if quantize not in (None, *QUANTIZE):
         raise ValueError(
             f"from_pretrained: quantize must be one of {', '.join(QUANTIZE)} or None, "

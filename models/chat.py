@@ -13,7 +13,7 @@ says when a reply was cut at --max-new-tokens or at the end of the context.
 A reply's tokens after the turn's first are decoded by the compiled decode step (docs/decoding.md;
 --eager: op by op). A .gguf file's weights stay in its own blocks, as llama.cpp runs it (fewer
 bytes read a token, docs/quantization.md; --quantize float: dequantized to float32); --quantize
-q8_0, q4_0, q4_1 or q5_0 quantizes any model's Linear weights as they load.
+q8_0, q4_0, q4_1, q5_0 or q5_1 quantizes any model's Linear weights as they load.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from autograd.quantized import FORMATS
 from models.architectures.decoder import Decoder, check_sampling_args
 from models.formats import hub
 from models.sample import load
@@ -173,10 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument(
         "--quantize",
-        choices=["gguf", "q8_0", "q4_0", "q4_1", "q5_0", "float"],
+        choices=["gguf", *FORMATS, "float"],
         default=None,
         help="how the weights are held: gguf, a .gguf file's own blocks (the default for a .gguf "
-        "file, as llama.cpp runs it); q8_0 / q4_0 / q4_1 / q5_0 blocks; float, float32 (the "
+        "file, as llama.cpp runs it); q8_0 / q4_0 / q4_1 / q5_0 / q5_1 blocks; float, float32 (the "
         "default otherwise); docs/quantization.md",
     )
     p.add_argument(

@@ -18,6 +18,7 @@ import numpy as np
 
 import models
 import nn
+from autograd.quantized import FORMATS
 from models.architectures.decoder import Decoder
 from models.formats import hub
 from models.formats.tokenizer import Tokenizer, load_tokenizer
@@ -77,7 +78,7 @@ def _adapter_run(directory: Path, quantize: str | None) -> tuple[Decoder, Tokeni
     if quantize == "gguf":
         raise ValueError(
             f"{directory}: quantize='gguf' keeps a file's own blocks, which a LoRA adapter "
-            "cannot be folded into: give q8_0, q4_0, q4_1 or q5_0"
+            "cannot be folded into: give " + ", ".join(FORMATS)
         )
     net, _ = merged_model(base, directory)
     if quantize is not None:

@@ -1,6 +1,6 @@
 """Layers whose weight stays quantized in memory (autograd/quantized.py: llama.cpp's q8_0, q4_0,
-q4_1, q5_0 blocks): QuantizedLinear, QuantizedEmbedding, and quantize_linears, which puts them in a
-model in place of its Linear layers (and of a tied embedding/head pair).
+q4_1, q5_0, q5_1 blocks): QuantizedLinear, QuantizedEmbedding, and quantize_linears, which puts
+them in a model in place of its Linear layers (and of a tied embedding/head pair).
 
 The weight is frozen: it is not a Parameter, so parameters(), optimizers and gradients never see
 it; a bias stays a float Parameter. Row vectors as everywhere (notes 3.2): y = x @ W + b with W
@@ -120,7 +120,7 @@ class QuantizedEmbedding(Module):
 
 def quantize_linears(model: Module, fmt: str, tied_embedding: Embedding | None = None) -> Module:
     """Replace, in place, every Linear of `model` by a QuantizedLinear of its weight in fmt
-    ("q8_0", "q4_0", "q4_1", "q5_0"); `tied_embedding`, the Embedding a tied output head reads (a
+    (autograd.quantized.FORMATS); `tied_embedding`, the Embedding a tied output head reads (a
     decoder's wte), by a QuantizedEmbedding of its rows. Linears whose in_features is not a
     multiple of 32 are an error (naming the layer). Returns the model."""
     if fmt not in FORMATS:

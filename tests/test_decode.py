@@ -255,7 +255,7 @@ def test_past_the_first_rotary_tables_the_step_reads_the_same_angles():
             np.testing.assert_array_equal(step(np.array([token % VOCAB])), logits.data[:, -1])
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "q5_0"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "q5_0", "q5_1"])
 @pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize("batch", [2, 1])  # one row: gate and up are views of the one product
 def test_a_quantized_model_s_step_equals_its_eager_forward(fmt, exact, batch):

@@ -22,6 +22,7 @@ GGML_TYPE = {
     "q4_0": gguf.GGMLQuantizationType.Q4_0,
     "q4_1": gguf.GGMLQuantizationType.Q4_1,
     "q5_0": gguf.GGMLQuantizationType.Q5_0,
+    "q5_1": gguf.GGMLQuantizationType.Q5_1,
 }
 
 
@@ -96,8 +97,9 @@ def test_quantize_kernel_is_its_reference_bit_for_bit(fmt, n, blocks, seed, kind
             halves = rng.integers(-7, 7, rows.shape).astype(np.float32) + np.float32(0.5)
             rows = np.nextafter(halves, rng.choice(np.float32([-np.inf, np.inf]), rows.shape))
             assert rows.dtype == np.float32 and not np.any(rows == halves)
-            rows[:, ::32] = {"q8_0": 127.0, "q4_0": -8.0, "q4_1": 7.5, "q5_0": -16.0}[fmt]
-            rows[:, 1::32] = -7.5 if fmt == "q4_1" else 0.0  # q4_1: max - min = 15
+            first = {"q8_0": 127.0, "q4_0": -8.0, "q4_1": 7.5, "q5_0": -16.0, "q5_1": 15.5}
+            rows[:, ::32] = first[fmt]
+            rows[:, 1::32] = {"q4_1": -7.5, "q5_1": -15.5}.get(fmt, 0.0)  # max - min = 15, 31
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_common, "PARALLEL_MIN_WORK", 2**62 if build == "serial" else 0)
         got = K.quantize_rows_numba(rows, fmt)
@@ -135,7 +137,7 @@ def test_quantize_float64_and_rows():
         (lambda: quantize(np.ones((48, 3)), "q8_0"), r"quantize\(q8_0\).*\(48, 3\).*in = 48"),
         (
             lambda: quantize(np.ones((32, 3)), "q6_k"),
-            "format must be one of q8_0, q4_0, q4_1, q5_0",
+            "format must be one of q8_0, q4_0, q4_1, q5_0, q5_1",
         ),
         (lambda: quantize(np.ones(32), "q8_0"), "2-d float"),
         (
@@ -395,7 +397,7 @@ def test_from_pretrained_refuses_an_unknown_quantize():
     import models
 
     path = next(FIXTURES.glob("*.gguf"))
-    with pytest.raises(ValueError, match=r"quantize must be one of q8_0, q4_0, q4_1, q5_0, gguf"):
+    with pytest.raises(ValueError, match=r"quantize must be one of q8_0, .*, q5_1, gguf"):
         models.from_pretrained(path, quantize="int8")
 
 

@@ -224,7 +224,7 @@ BAD_INPUTS = [
         "from_pretrained with an unknown quantize=",
         lambda tmp: models.from_pretrained(tmp, quantize="int4"),
         ValueError,
-        r"from_pretrained: quantize must be one of q8_0, .*q5_0, gguf or None, got 'int4'",
+        r"from_pretrained: quantize must be one of q8_0, .*q5_1, gguf or None, got 'int4'",
     ),
 ]
 

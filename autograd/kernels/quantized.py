@@ -1,10 +1,10 @@
 """The quantized linear's products (autograd/quantized.py): x @ W and g @ W^T, W frozen in blocks.
 
-W (in, out) is stored as the blocks of W^T's rows (llama.cpp's q8_0, q4_0, q4_1, q5_0: 32
-values of one row, an f16 scale d, q4_1 an f16 minimum m). Each block's values are
+W (in, out) is stored as the blocks of W^T's rows (llama.cpp's q8_0, q4_0, q4_1, q5_0, q5_1: 32
+values of one row, an f16 scale d, q4_1 and q5_1 an f16 minimum m). Each block's values are
 
-    q8_0: d * q     q4_0: d * (q - 8)     q4_1: d * q + m     q5_0: d * (q - 16)
-    (in float32, as gguf reads; q5_0's q is a nibble and one bit of the block's 32-bit mask)
+    q8_0: d * q     q4_0: d * (q - 8)     q4_1, q5_1: d * q + m     q5_0: d * (q - 16)
+    (in float32, as gguf reads; a q5's q is a nibble and one bit of the block's 32-bit mask)
 
 - quantized_matmul(x, weight):  x (N, in) @ W -> (N, out)
 - quantized_matmul_t(g, weight): g (N, out) @ W^T -> (N, in)   (the VJP for x)
@@ -169,6 +169,25 @@ def _matvec_q5_0(x, scales, highs, quants, table, bit, ahead, out):
 
 
 @_kernel
+def _matvec_q5_1(x, scales, mins, highs, quants, table, bit, ahead, out):
+    # d * q + m with q = nibble + (16 if the fifth bit is set, a blend) summed in float32 (exact,
+    # an integer below 32): one FMA rounding once, as gguf's d * q (exact) + m does
+    for r in prange(quants.shape[0]):
+        _prefetch_row(quants, r, ahead)
+        lanes = np.zeros(32, x.dtype)
+        for b in range(scales.shape[1]):
+            d, m, mask = table[scales[r, b]], table[mins[r, b]], highs[r, b]
+            sixteen, zero = np.float32(16), np.float32(0)
+            for j in range(16):
+                low, high = _nibbles(quants[r, 16 * b + j])
+                low_q = np.float32(low) + (sixteen if mask & bit[j] else zero)
+                high_q = np.float32(high) + (sixteen if mask & bit[16 + j] else zero)
+                lanes[j] += x[32 * b + j] * (d * low_q + m)
+                lanes[16 + j] += x[32 * b + 16 + j] * (d * high_q + m)
+        out[r] = lanes.sum()
+
+
+@_kernel
 def _matvec_q4_1(x, scales, mins, quants, table, ahead, out):
     for r in prange(quants.shape[0]):
         _prefetch_row(quants, r, ahead)
@@ -183,18 +202,16 @@ def _matvec_q4_1(x, scales, mins, quants, table, ahead, out):
 
 
 def _flat(weight):
-    """The kernels' view of the blocks: f16 bits (out, blocks), q4_1's mins as f16 bits or q5_0's
-    high bits as int32 (out, blocks) or None, and quants (out, bytes)."""
+    """The kernels' view of the blocks: f16 bits (out, blocks); the mins as f16 bits and the
+    fifth bits as int32 (out, blocks), each None where the format has none; quants (out, bytes)."""
     quants = weight.quants.reshape(weight.quants.shape[0], -1)
-    if weight.mins is not None:
-        extra = weight.mins.view(np.uint16)
-    else:
-        extra = None if weight.highs is None else weight.highs.view(np.int32)
-    return weight.scales.view(np.uint16), extra, quants
+    mins = None if weight.mins is None else weight.mins.view(np.uint16)
+    highs = None if weight.highs is None else weight.highs.view(np.int32)
+    return weight.scales.view(np.uint16), mins, highs, quants
 
 
 def _matvec(x, weight, out):
-    bits, extra, quants = _flat(weight)
+    bits, mins, highs, quants = _flat(weight)
     work = weight.shape[0] * weight.shape[1]
     ahead = max(1, PREFETCH_BYTES // quants.shape[1])
     if weight.format == "q8_0":
@@ -202,9 +219,11 @@ def _matvec(x, weight, out):
     elif weight.format == "q4_0":
         _matvec_q4_0(work, x, bits, quants, F16_TO_F32, ahead, out)
     elif weight.format == "q4_1":
-        _matvec_q4_1(work, x, bits, extra, quants, F16_TO_F32, ahead, out)
+        _matvec_q4_1(work, x, bits, mins, quants, F16_TO_F32, ahead, out)
+    elif weight.format == "q5_0":
+        _matvec_q5_0(work, x, bits, highs, quants, F16_TO_F32, BIT, ahead, out)
     else:
-        _matvec_q5_0(work, x, bits, extra, quants, F16_TO_F32, BIT, ahead, out)
+        _matvec_q5_1(work, x, bits, mins, highs, quants, F16_TO_F32, BIT, ahead, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,17 +274,32 @@ def _dequantize_q5_0(scales, highs, quants, table, start, tile):
                 tile[i, 32 * b + 16 + j] = d * (np.float32(high) - np.float32(16))
 
 
+@Kernel
+def _dequantize_q5_1(scales, mins, highs, quants, table, start, tile):
+    for i in prange(tile.shape[0]):
+        for b in range(scales.shape[1]):
+            d, m = table[scales[start + i, b]], table[mins[start + i, b]]
+            mask = highs[start + i, b]
+            for j in range(16):
+                low, high = _nibbles(quants[start + i, 16 * b + j])
+                low, high = _five(low, mask, j), _five(high, mask, j + 16)
+                tile[i, 32 * b + j] = d * np.float32(low) + m
+                tile[i, 32 * b + 16 + j] = d * np.float32(high) + m
+
+
 def _dequantize_tile(weight, start, tile):
     """tile[i] = row start + i of W^T, in the tile's dtype (a float32 value, then converted)."""
-    bits, extra, quants = _flat(weight)
+    bits, mins, highs, quants = _flat(weight)
     if weight.format == "q8_0":
         _dequantize_q8_0(tile.size, bits, quants, F16_TO_F32, start, tile)
     elif weight.format == "q4_0":
         _dequantize_q4_0(tile.size, bits, quants, F16_TO_F32, start, tile)
     elif weight.format == "q4_1":
-        _dequantize_q4_1(tile.size, bits, extra, quants, F16_TO_F32, start, tile)
+        _dequantize_q4_1(tile.size, bits, mins, quants, F16_TO_F32, start, tile)
+    elif weight.format == "q5_0":
+        _dequantize_q5_0(tile.size, bits, highs, quants, F16_TO_F32, start, tile)
     else:
-        _dequantize_q5_0(tile.size, bits, extra, quants, F16_TO_F32, start, tile)
+        _dequantize_q5_1(tile.size, bits, mins, highs, quants, F16_TO_F32, start, tile)
 
 
 def _tiles(weight, dtype, rows):
@@ -330,10 +364,10 @@ def quantized_matmul_t_numba(g, weight):
 
 def _check_rows(rows, fmt, kernel):
     rows = np.ascontiguousarray(rows, dtype=np.float32)
-    if rows.ndim != 2 or rows.shape[1] % 32 or fmt not in ("q8_0", "q4_0", "q4_1", "q5_0"):
+    if rows.ndim != 2 or rows.shape[1] % 32 or fmt not in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
         raise ValueError(
-            f"{kernel}: rows must be (n, a multiple of 32) and fmt q8_0, q4_0, q4_1 or q5_0, "
-            f"got {rows.shape} and {fmt!r}"
+            f"{kernel}: rows must be (n, a multiple of 32) and fmt q8_0, q4_0, q4_1, q5_0 or "
+            f"q5_1, got {rows.shape} and {fmt!r}"
         )
     return rows
 
@@ -353,13 +387,14 @@ def _nibble_pairs(q):
 
 def quantize_rows_numpy(rows, fmt):
     """rows (n, in) of finite floats -> (d, quants, m, h) of their 32-value blocks, d and m float32
-    (n, in / 32) (m: q4_1's minimum, zeros for the others), h uint32 (n, in / 32) (q5_0's fifth
-    bits, zeros for the others), quants as QuantizedWeight keeps them:
+    (n, in / 32) (m: q4_1's and q5_1's minimum, zeros for the others), h uint32 (n, in / 32) (the
+    q5s' fifth bits, zeros for the others), quants as QuantizedWeight keeps them:
 
     q8_0: d = max|x| / 127, q = roundf(x / d)                       (int8, (n, blocks, 32));
     q4_0: d = -(the value of largest magnitude, the first) / 8, q = min(15, trunc(x / d + 8.5));
     q4_1: d = (max - min) / 15, m = min, q = min(15, trunc((x - min) / d + 0.5))  (nibble pairs);
-    q5_0: as q4_0 with 16 for 8 and 31 for 15; q's low four bits in nibble pairs, bit 4 in h.
+    q5_0: as q4_0 with 16 for 8 and 31 for 15; q's low four bits in nibble pairs, bit 4 in h;
+    q5_1: as q4_1 with 31 for 15, q stored as q5_0's.
     "/ d" is "* (1 / d)", and 1 / d is 0 for d = 0 (a block of zeros). A zero min or max counts
     as +0 (numpy's min of 0 and -0 depends on their places), so m and d carry no -0."""
     rows = _check_rows(rows, fmt, "quantize_rows")
@@ -376,7 +411,7 @@ def quantize_rows_numpy(rows, fmt):
         else:
             m = blocks.min(axis=-1, keepdims=True) + np.float32(0)
             top = blocks.max(axis=-1, keepdims=True) + np.float32(0)
-            d = (top - m) / np.float32(15)
+            d = (top - m) / np.float32(15 if fmt == "q4_1" else 31)
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
     h = np.zeros(d.shape[:-1], np.uint32)
     if fmt == "q8_0":
@@ -388,7 +423,10 @@ def quantize_rows_numpy(rows, fmt):
         q = np.trunc((blocks - m) * inv + np.float32(0.5)).astype(np.uint8).clip(0, 15)
         quants = _nibble_pairs(q)
     else:
-        q = np.trunc(blocks * inv + np.float32(16.5)).astype(np.uint8).clip(0, 31)
+        if fmt == "q5_0":
+            q = np.trunc(blocks * inv + np.float32(16.5)).astype(np.uint8).clip(0, 31)
+        else:
+            q = np.trunc((blocks - m) * inv + np.float32(0.5)).astype(np.uint8).clip(0, 31)
         quants = _nibble_pairs(q & np.uint8(15))
         h = np.packbits(q >> np.uint8(4), axis=-1, bitorder="little").view(np.uint32)[..., 0]
     return d[..., 0], quants, m[..., 0], h
@@ -486,6 +524,27 @@ def _quantize_q5_0(rows, d, quants, highs):
             highs[r, b] = np.uint32(mask)
 
 
+@_exact
+def _quantize_q5_1(rows, d, m, quants, highs):
+    for r in prange(rows.shape[0]):
+        for b in range(d.shape[1]):
+            block = rows[r, 32 * b : 32 * b + 32]
+            low, top = block[0], block[0]
+            for j in range(1, 32):
+                low, top = min(low, block[j]), max(top, block[j])
+            low, top = low + np.float32(0), top + np.float32(0)  # -0 -> +0, as q4_1's
+            scale = (top - low) / np.float32(31)
+            inv = np.float32(1) / scale if scale != 0 else np.float32(0)
+            d[r, b], m[r, b] = scale, low
+            mask = np.int64(0)
+            for j in range(16):
+                q_low = min(np.int64(np.trunc((block[j] - low) * inv + np.float32(0.5))), 31)
+                q_high = min(np.int64(np.trunc((block[16 + j] - low) * inv + np.float32(0.5))), 31)
+                quants[r, b, j] = np.uint8((q_low & 15) | ((q_high & 15) << 4))
+                mask |= ((q_low >> 4) << j) | ((q_high >> 4) << (j + 16))
+            highs[r, b] = np.uint32(mask)
+
+
 def quantize_rows_numba(rows, fmt):
     """Numba quantize_rows; the same contract and the same bits as quantize_rows_numpy."""
     rows = _check_rows(rows, fmt, "quantize_rows")
@@ -501,6 +560,8 @@ def quantize_rows_numba(rows, fmt):
             _quantize_q4_0(rows.size, rows, d, quants)
         elif fmt == "q4_1":
             _quantize_q4_1(rows.size, rows, d, m, quants)
-        else:
+        elif fmt == "q5_0":
             _quantize_q5_0(rows.size, rows, d, quants, h)
+        else:
+            _quantize_q5_1(rows.size, rows, d, m, quants, h)
     return d, quants, m, h

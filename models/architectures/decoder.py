@@ -577,7 +577,7 @@ class Decoder(nn.Module):
         A model whose parameters need more bytes than are available (MemAvailable, or
         max_bytes, or $GLASSGRAD_MAX_LOAD_BYTES) is refused before anything is allocated. Every
         file is checked as it is read; a malformed one is a models.FileFormatError naming it.
-        quantize: "q8_0" / "q4_0" / "q4_1" / "q5_0" keeps every Linear weight (and a tied
+        quantize: a format of autograd.quantized.FORMATS keeps every Linear weight (and a tied
         embedding) in that block format, quantized as it is read (models.formats.quantized)."""
         path = Path(path)
         directory, config = hf.read_config(path)

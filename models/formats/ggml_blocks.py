@@ -1,14 +1,13 @@
-"""ggml's other block types, read as floats: Q5_1 and the K-quants (Q2_K to Q6_K).
+"""ggml's K-quants (Q2_K to Q6_K), read as floats.
 
 The formats are llama.cpp's (ggml-common.h); the arithmetic is the gguf package's reader's
 (gguf/quants.py, which transformers' GGUF loader uses), step for step in float32, so the values
 are the same bits (tests/test_gguf.py holds them equal on random blocks and on every fixture).
-Q8_0, Q4_0, Q4_1 and Q5_0, which glassgrad can also keep as blocks and multiply by, live in
-autograd/quantized.py.
+The 32-value formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), which glassgrad can also keep as blocks and
+multiply by, live in autograd/quantized.py.
 
 | type | values / block | bytes | a value (q: the stored integer of the value)             |
 | ---- | -------------: | ----: | -------------------------------------------------------- |
-| q5_1 | 32             | 24    | d * q + m; q: a nibble and a bit of a 32-bit mask        |
 | q2_k | 256            | 84    | d * s_j * q - dmin * m_j; 2-bit q, 16 groups, 4-bit s, m |
 | q3_k | 256            | 110   | d * (s_j - 32) * (q - 4 h); 2-bit q, h its inverted top   |
 |      |                |       | bit; 16 groups, 6-bit s                                  |
@@ -54,14 +53,6 @@ def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scales = np.concatenate([low_s & 0x3F, (rest & 0x0F) | ((low_s >> 2) & top)], axis=-1)
     mins = np.concatenate([low_m & 0x3F, (rest >> 4) | ((low_m >> 2) & top)], axis=-1)
     return (scales.reshape(n, 8, 1).astype(np.float32), mins.reshape(n, 8, 1).astype(np.float32))
-
-
-def q5_1(blocks: np.ndarray) -> np.ndarray:
-    d, m, high = _f16(blocks, 0), _f16(blocks, 2), blocks[:, 4:8]
-    low = _nibbles(blocks[:, 8:24], 16)
-    high = np.unpackbits(high, axis=-1, bitorder="little")
-    q = (low | (high << np.uint8(4))).astype(np.float32)
-    return (d * q) + m
 
 
 def q2_k(blocks: np.ndarray) -> np.ndarray:
@@ -125,6 +116,5 @@ def q6_k(blocks: np.ndarray) -> np.ndarray:
 
 # ggml's type name -> its dequantizer
 DEQUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "Q5_1": q5_1,
     "Q2_K": q2_k, "Q3_K": q3_k, "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k,
 }  # fmt: skip

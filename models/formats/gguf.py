@@ -3,8 +3,8 @@
 One home for reading GGUF: the metadata as a dict of plain Python values (read_metadata), the
 tensors' infos, and each tensor dequantized to a requested dtype. The header itself is read by
 gguf_header.py (gguf's own GGUFReader costs ~170 MB on a real vocabulary). F32, F16, BF16, the
-block formats glassgrad keeps (Q8_0, Q4_0, Q4_1, Q5_0: autograd.quantized) and the other common
-ones (Q5_1, the K-quants Q2_K to Q6_K: ggml_blocks.py) are dequantized here, with the arithmetic
+block formats glassgrad keeps (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: autograd.quantized) and the
+K-quants (Q2_K to Q6_K: ggml_blocks.py) are dequantized here, with the arithmetic
 of gguf.quants.dequantize (the code transformers uses; tests hold them bit-equal); the rarer types
 (the IQ types, TQ, MXFP4, ...) by gguf.quants itself, so only files of those need the optional
 `gguf` package (`pip install glassgrad[gguf]`).
@@ -389,10 +389,11 @@ def load(
     before any is read; then each is dequantized straight into dtype, one at a time (the peak is
     the model in dtype plus about one tensor).
 
-    quantize: None (every weight in dtype), "q8_0" / "q4_0" / "q4_1" / "q5_0" (every Linear
+    quantize: None (every weight in dtype), a format of autograd.quantized.FORMATS (every Linear
     weight and a tied embedding quantized as it is read) or "gguf" (those weights keep the file's
-    own Q8_0, Q4_0, Q4_1, Q5_0 blocks, never dequantized; of another type they are dequantized to
-    dtype). The float weights the quantized ones replace are never allocated (QuantizedLoading)."""
+    own Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 blocks, never dequantized; of another type they are
+    dequantized to dtype). The float weights the quantized ones replace are never allocated
+    (QuantizedLoading)."""
     from autograd import get_default_dtype
     from models.architectures.decoder import _NoInit  # every weight is about to be loaded
     from models.architectures.llama import Llama

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 import models
+from autograd.quantized import FORMATS
 from models.architectures.decoder import Decoder, DecoderConfig
 from models.architectures.gpt import GPT, GPTConfig
 from models.architectures.llama import Llama, llama_config
@@ -54,7 +55,7 @@ class LanguageConfig(TrainConfig):
         "keep the --init-from model's Linear weights quantized and frozen (gguf: a .gguf "
         "file's own blocks), with --lora-rank: LoRA on a quantized base (QLoRA)",
         None,
-        choices=("q8_0", "q4_0", "q4_1", "q5_0", "gguf"),
+        choices=(*FORMATS, "gguf"),
         resume_keeps=True,
     )
     tokenizer: str = setting(
