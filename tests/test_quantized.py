@@ -374,6 +374,22 @@ def test_a_gguf_tensor_is_quantized_a_group_of_rows_at_a_time(source, fmt, monke
     np.testing.assert_array_equal(got.blocks(), want.blocks())
 
 
+def test_a_float_tensor_kept_float_is_laid_out_as_the_float_loader_lays_it():
+    # quantize="gguf" on a K-quant file: its K tensors are dequantized and stay float Linears,
+    # C-contiguous as from_pretrained's float weights (a decode step then runs their product on
+    # Numba's threads; a transposed view went to BLAS's threads beside Numba's polling ones:
+    # SmolLM2's Q4_K_M decode on 2 threads ran 17.6 instead of ~80 tokens/s)
+    import models
+
+    kept = models.from_pretrained(FIXTURES / "llama-Q4_K.gguf", quantize="gguf")
+    floats = dict(models.from_pretrained(FIXTURES / "llama-Q4_K.gguf").named_modules())
+    linears = [(n, m) for n, m in kept.named_modules() if type(m) is nn.Linear]
+    assert linears  # the K tensors: the fixture's 256-wide rows
+    for name, module in linears:
+        assert module.weight.data.flags.c_contiguous, name
+        np.testing.assert_array_equal(module.weight.data, floats[name].weight.data)
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "gguf"])
 def test_the_loader_packs_what_a_decode_step_runs_side_by_side(fmt):
     # q | k | v and gate | up of each block land in one array as they load: a step built on the

@@ -76,8 +76,10 @@ class QuantizedLoading:
         module = self.modules[module_name]
         if isinstance(array, np.ndarray):  # W (in, out) = the file's array, transposed or not
             weight = array.T if transposed else array
-            if self.fmt == "gguf":  # a float tensor of the file stays float
-                module.weight = nn.Parameter(weight, dtype=self.dtype)
+            if self.fmt == "gguf":  # a float tensor of the file stays float, laid out as the
+                # float loader lays it (C order: a decode step's product is then Numba's
+                # matrix-vector kernel, not BLAS threads beside Numba's polling ones)
+                module.weight = nn.Parameter(np.ascontiguousarray(weight), dtype=self.dtype)
                 return
             if isinstance(module, nn.Embedding):  # its rows are the blocks' rows
                 weight = array.T
