@@ -446,12 +446,6 @@ def _roundf(v):
     return r if v >= 0 else -r
 
 
-@njit(cache=True, nogil=True)
-def _nibble(t):
-    """min(15, t) of a non-negative float32 t, truncated, as uint8 -> clip(0, 15) does."""
-    return np.uint8(min(np.int32(t), 15))
-
-
 @_exact
 def _quantize_q8_0(rows, d, quants):
     for r in prange(rows.shape[0]):
@@ -467,8 +461,18 @@ def _quantize_q8_0(rows, d, quants):
                 quants[r, b, j] = np.int8(_roundf(block[j] * inv))
 
 
+@njit(cache=True, nogil=True)
+def _level(t, levels):
+    """min(levels - 1, trunc(t)) of a non-negative float32 t: astype(uint8).clip(0, top) does."""
+    return min(np.int64(np.trunc(t)), levels - 1)
+
+
 @_exact
-def _quantize_q4_0(rows, d, quants):
+def _quantize_symmetric(rows, levels, d, quants, highs):
+    """q4_0 (levels 16) and q5_0 (32): d = -(the first value of largest magnitude) / (levels / 2),
+    q = min(levels - 1, trunc(x / d + levels / 2 + 1/2)); low nibbles in quants, fifth bits in
+    highs (none for q4_0: its q stays below 16)."""
+    half = np.float32(levels // 2)
     for r in prange(rows.shape[0]):
         for b in range(d.shape[1]):
             block = rows[r, 32 * b : 32 * b + 32]
@@ -476,17 +480,22 @@ def _quantize_q4_0(rows, d, quants):
             for j in range(1, 32):
                 if abs(block[j]) > abs(extreme):
                     extreme = block[j]
-            scale = extreme / np.float32(-8)
+            scale = extreme / -half
             inv = np.float32(1) / scale if scale != 0 else np.float32(0)
             d[r, b] = scale
+            mask = np.int64(0)
             for j in range(16):
-                low = _nibble(np.trunc(block[j] * inv + np.float32(8.5)))
-                high = _nibble(np.trunc(block[16 + j] * inv + np.float32(8.5)))
-                quants[r, b, j] = low | (high << np.uint8(4))
+                low = _level(block[j] * inv + (half + np.float32(0.5)), levels)
+                high = _level(block[16 + j] * inv + (half + np.float32(0.5)), levels)
+                quants[r, b, j] = np.uint8((low & 15) | ((high & 15) << 4))
+                mask |= ((low >> 4) << j) | ((high >> 4) << (j + 16))
+            highs[r, b] = np.uint32(mask)
 
 
 @_exact
-def _quantize_q4_1(rows, d, m, quants):
+def _quantize_affine(rows, levels, d, m, quants, highs):
+    """q4_1 (levels 16) and q5_1 (32): d = (max - min) / (levels - 1), m = min (a zero min or max
+    counts as +0), q = min(levels - 1, trunc((x - min) / d + 1/2)); stored as the symmetric ones."""
     for r in prange(rows.shape[0]):
         for b in range(d.shape[1]):
             block = rows[r, 32 * b : 32 * b + 32]
@@ -494,52 +503,13 @@ def _quantize_q4_1(rows, d, m, quants):
             for j in range(1, 32):
                 low, top = min(low, block[j]), max(top, block[j])
             low, top = low + np.float32(0), top + np.float32(0)  # -0 -> +0
-            scale = (top - low) / np.float32(15)
-            inv = np.float32(1) / scale if scale != 0 else np.float32(0)
-            d[r, b], m[r, b] = scale, low
-            for j in range(16):
-                q_low = _nibble(np.trunc((block[j] - low) * inv + np.float32(0.5)))
-                q_high = _nibble(np.trunc((block[16 + j] - low) * inv + np.float32(0.5)))
-                quants[r, b, j] = q_low | (q_high << np.uint8(4))
-
-
-@_exact
-def _quantize_q5_0(rows, d, quants, highs):
-    for r in prange(rows.shape[0]):
-        for b in range(d.shape[1]):
-            block = rows[r, 32 * b : 32 * b + 32]
-            extreme = block[0]  # as q4_0's
-            for j in range(1, 32):
-                if abs(block[j]) > abs(extreme):
-                    extreme = block[j]
-            scale = extreme / np.float32(-16)
-            inv = np.float32(1) / scale if scale != 0 else np.float32(0)
-            d[r, b] = scale
-            mask = np.int64(0)
-            for j in range(16):
-                low = min(np.int64(np.trunc(block[j] * inv + np.float32(16.5))), 31)
-                high = min(np.int64(np.trunc(block[16 + j] * inv + np.float32(16.5))), 31)
-                quants[r, b, j] = np.uint8((low & 15) | ((high & 15) << 4))
-                mask |= ((low >> 4) << j) | ((high >> 4) << (j + 16))
-            highs[r, b] = np.uint32(mask)
-
-
-@_exact
-def _quantize_q5_1(rows, d, m, quants, highs):
-    for r in prange(rows.shape[0]):
-        for b in range(d.shape[1]):
-            block = rows[r, 32 * b : 32 * b + 32]
-            low, top = block[0], block[0]
-            for j in range(1, 32):
-                low, top = min(low, block[j]), max(top, block[j])
-            low, top = low + np.float32(0), top + np.float32(0)  # -0 -> +0, as q4_1's
-            scale = (top - low) / np.float32(31)
+            scale = (top - low) / np.float32(levels - 1)
             inv = np.float32(1) / scale if scale != 0 else np.float32(0)
             d[r, b], m[r, b] = scale, low
             mask = np.int64(0)
             for j in range(16):
-                q_low = min(np.int64(np.trunc((block[j] - low) * inv + np.float32(0.5))), 31)
-                q_high = min(np.int64(np.trunc((block[16 + j] - low) * inv + np.float32(0.5))), 31)
+                q_low = _level((block[j] - low) * inv + np.float32(0.5), levels)
+                q_high = _level((block[16 + j] - low) * inv + np.float32(0.5), levels)
                 quants[r, b, j] = np.uint8((q_low & 15) | ((q_high & 15) << 4))
                 mask |= ((q_low >> 4) << j) | ((q_high >> 4) << (j + 16))
             highs[r, b] = np.uint32(mask)
@@ -556,12 +526,9 @@ def quantize_rows_numba(rows, fmt):
         _quantize_q8_0(rows.size, rows, d, quants)
     else:
         quants = np.empty((n, blocks, 16), np.uint8)
-        if fmt == "q4_0":
-            _quantize_q4_0(rows.size, rows, d, quants)
-        elif fmt == "q4_1":
-            _quantize_q4_1(rows.size, rows, d, m, quants)
-        elif fmt == "q5_0":
-            _quantize_q5_0(rows.size, rows, d, quants, h)
+        levels = 16 if fmt in ("q4_0", "q4_1") else 32
+        if fmt in ("q4_0", "q5_0"):
+            _quantize_symmetric(rows.size, rows, levels, d, quants, h)
         else:
-            _quantize_q5_1(rows.size, rows, d, m, quants, h)
+            _quantize_affine(rows.size, rows, levels, d, m, quants, h)
     return d, quants, m, h
