@@ -138,7 +138,7 @@ class QuantizedWeight:
     def blocks(self) -> np.ndarray:
         """The raw blocks as a GGUF file stores them: (out, in / 32 * bytes per block) uint8."""
         parts = [self.scales.view(np.uint8).reshape(*self.scales.shape, 2)]
-        for extra in (self.mins, self.highs):  # in the file's order: d, m or the high bits, q
+        for extra in (self.mins, self.highs):  # the file's order: d, m, the fifth bits, q
             if extra is not None:
                 parts.append(extra.view(np.uint8).reshape(*extra.shape, extra.itemsize))
         parts.append(self.quants.view(np.uint8))
@@ -156,14 +156,13 @@ class QuantizedWeight:
 def _consecutive_views(weights: list[QuantizedWeight]) -> QuantizedWeight | None:
     """The weight whose arrays `weights` are consecutive row views of, covering all of it (what
     concatenate_outputs returned for them before), or None."""
-    names = ARRAYS
-    bases = [getattr(weights[0], name) for name in names]
+    bases = [getattr(weights[0], name) for name in ARRAYS]
     bases = [None if a is None else a.base for a in bases]
     if bases[1] is None or bases[0] is None:
         return None
     rows = 0
     for w in weights:
-        for name, base in zip(names, bases, strict=True):
+        for name, base in zip(ARRAYS, bases, strict=True):
             view = getattr(w, name)
             if view is None:
                 continue
