@@ -140,7 +140,7 @@ def _matvec_q4_0(x, scales, quants, table, ahead, out):
 
 @njit(cache=True, nogil=True)
 def _five(nibble, mask, bit):
-    """A q5_0 value: the nibble and, as its fifth bit, bit `bit` of the block's mask (int32)."""
+    """A q5_0 / q5_1 value: the nibble and, as its fifth bit, bit `bit` of the block's mask."""
     return np.int32(nibble | (((mask >> np.int32(bit)) & np.int32(1)) << np.int32(4)))
 
 
@@ -362,9 +362,15 @@ def quantized_matmul_t_numba(g, weight):
 # ---------------------------------------------------------------------------------------------
 
 
+# the values q takes in the 4- and 5-bit formats; q4_0 and q5_0 are symmetric (d from the value of
+# largest magnitude), q4_1 and q5_1 affine (d and a minimum m from the min and max)
+LEVELS = {"q4_0": 16, "q4_1": 16, "q5_0": 32, "q5_1": 32}
+SYMMETRIC = ("q4_0", "q5_0")
+
+
 def _check_rows(rows, fmt, kernel):
     rows = np.ascontiguousarray(rows, dtype=np.float32)
-    if rows.ndim != 2 or rows.shape[1] % 32 or fmt not in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
+    if rows.ndim != 2 or rows.shape[1] % 32 or (fmt != "q8_0" and fmt not in LEVELS):
         raise ValueError(
             f"{kernel}: rows must be (n, a multiple of 32) and fmt q8_0, q4_0, q4_1, q5_0 or "
             f"q5_1, got {rows.shape} and {fmt!r}"
@@ -399,37 +405,31 @@ def quantize_rows_numpy(rows, fmt):
     as +0 (numpy's min of 0 and -0 depends on their places), so m and d carry no -0."""
     rows = _check_rows(rows, fmt, "quantize_rows")
     blocks = rows.reshape(rows.shape[0], -1, 32)
+    levels, symmetric = LEVELS.get(fmt, 0), fmt in SYMMETRIC
+    half = np.float32(levels // 2)
     with np.errstate(divide="ignore", invalid="ignore"):
         if fmt == "q8_0":
             d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
             m = np.zeros_like(d)
-        elif fmt in ("q4_0", "q5_0"):
+        elif symmetric:
             where = np.abs(blocks).argmax(axis=-1)[..., None]
-            half = np.float32(-8 if fmt == "q4_0" else -16)
-            d = np.take_along_axis(blocks, where, axis=-1) / half
+            d = np.take_along_axis(blocks, where, axis=-1) / -half
             m = np.zeros_like(d)
         else:
             m = blocks.min(axis=-1, keepdims=True) + np.float32(0)
             top = blocks.max(axis=-1, keepdims=True) + np.float32(0)
-            d = (top - m) / np.float32(15 if fmt == "q4_1" else 31)
+            d = (top - m) / np.float32(levels - 1)
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
-    h = np.zeros(d.shape[:-1], np.uint32)
     if fmt == "q8_0":
         quants = _round_half_away(blocks * inv).astype(np.int8)
-    elif fmt == "q4_0":
-        q = np.trunc(blocks * inv + np.float32(8.5)).astype(np.uint8).clip(0, 15)
-        quants = _nibble_pairs(q)
-    elif fmt == "q4_1":
-        q = np.trunc((blocks - m) * inv + np.float32(0.5)).astype(np.uint8).clip(0, 15)
-        quants = _nibble_pairs(q)
+        return d[..., 0], quants, m[..., 0], np.zeros(d.shape[:-1], np.uint32)
+    if symmetric:
+        t = blocks * inv + (half + np.float32(0.5))
     else:
-        if fmt == "q5_0":
-            q = np.trunc(blocks * inv + np.float32(16.5)).astype(np.uint8).clip(0, 31)
-        else:
-            q = np.trunc((blocks - m) * inv + np.float32(0.5)).astype(np.uint8).clip(0, 31)
-        quants = _nibble_pairs(q & np.uint8(15))
-        h = np.packbits(q >> np.uint8(4), axis=-1, bitorder="little").view(np.uint32)[..., 0]
-    return d[..., 0], quants, m[..., 0], h
+        t = (blocks - m) * inv + np.float32(0.5)
+    q = np.trunc(t).astype(np.uint8).clip(0, levels - 1)
+    h = np.packbits(q >> np.uint8(4), axis=-1, bitorder="little").view(np.uint32)[..., 0]
+    return d[..., 0], _nibble_pairs(q & np.uint8(15)), m[..., 0], h
 
 
 def _exact(fn):
@@ -526,9 +526,8 @@ def quantize_rows_numba(rows, fmt):
         _quantize_q8_0(rows.size, rows, d, quants)
     else:
         quants = np.empty((n, blocks, 16), np.uint8)
-        levels = 16 if fmt in ("q4_0", "q4_1") else 32
-        if fmt in ("q4_0", "q5_0"):
-            _quantize_symmetric(rows.size, rows, levels, d, quants, h)
+        if fmt in SYMMETRIC:
+            _quantize_symmetric(rows.size, rows, LEVELS[fmt], d, quants, h)
         else:
-            _quantize_affine(rows.size, rows, levels, d, m, quants, h)
+            _quantize_affine(rows.size, rows, LEVELS[fmt], d, m, quants, h)
     return d, quants, m, h
