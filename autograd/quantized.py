@@ -14,6 +14,21 @@ and an f16 scale (llama.cpp's ggml-common.h, the `gguf` package's gguf/quants.py
 In a nibble byte j of a block, the low four bits are value j and the high four bits value j + 16;
 q5_0's and q5_1's fifth bits are one little-endian 32-bit mask, bit j value j's.
 
+Two of llama.cpp's K-quants, the types its Q4_K_M / Q6_K files hold, are kept too, as a file
+stores them (FILE_FORMATS: read from a GGUF file only; their quantizer is llama.cpp's iterative
+search, which is not reproduced here). A super-block is 256 values with f16 d (and dmin) and a
+small integer scale per group of 32 (q4_k) or 16 (q6_k) values:
+
+| format | per super-block of 256 values                         | a value of group g   | bytes   |
+| ------ | ------------------------------------------------------ | -------------------- | ------- |
+| q4_k   | f16 d, f16 dmin, 8 6-bit s, m (12 bytes), 128 nibbles  | (d s_g) q - dmin m_g | 144/256 |
+| q6_k   | 128 bytes of nibbles, 64 of 2-bit highs, 16 int8 s, d  | (d s_g) (q - 32)     | 210/256 |
+
+q4_k's nibble byte j of run c (32 bytes) holds value j of group 2c (low) and of group 2c + 1
+(high). In q6_k each half of 128 values has 64 bytes of nibbles (byte j: value j low, value
+64 + j high) and 32 bytes of 2-bit fields (byte j: values j, 32 + j, 64 + j, 96 + j from its low
+bits up). In memory the 6-bit s and m of q4_k are unpacked into bytes (16 instead of 12).
+
 Row-vector convention (notes 3.2): a Linear is y = x @ W with W (in, out). The blocks run along
 `in`, so a QuantizedWeight stores the rows of W^T, `out` rows of `in` values each, exactly as a
 GGUF file stores a weight (and as torch's (out, in) Linear weight lies). `shape` is W's (in, out);
@@ -36,19 +51,59 @@ from autograd import kernels
 from autograd.functional import _rowwise_axis
 from autograd.tensor import Function, Tensor
 
-BLOCK = 32  # values per block, every format here
-FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+BLOCK = 32  # values per block of FORMATS
+SUPER_BLOCK = 256  # values per super-block of FILE_FORMATS
+FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # quantize() makes these
+FILE_FORMATS = ("q4_k", "q6_k")  # kept from a GGUF file's blocks (from_blocks) only
+KEPT = FORMATS + FILE_FORMATS  # what a QuantizedWeight holds
 WITH_MINS, WITH_HIGHS = ("q4_1", "q5_1"), ("q5_0", "q5_1")
-ARRAYS = ("scales", "quants", "mins", "highs")  # a QuantizedWeight's arrays (None: not this format)
+# a QuantizedWeight's arrays, in its fields' order (None: not this format)
+ARRAYS = ("scales", "quants", "mins", "highs", "group_scales", "group_mins")
+
+
+def block_size(fmt: str) -> int:
+    """Values per block (super-block) of a format: what in_features must be a multiple of."""
+    return SUPER_BLOCK if fmt in FILE_FORMATS else BLOCK
+
+
+def layout(fmt: str, n_in: int) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """A format's arrays for one row of `n_in` values: name -> (dtype, shape after the rows')."""
+    blocks, supers = n_in // BLOCK, n_in // SUPER_BLOCK
+    f16, u8 = np.dtype(np.float16), np.dtype(np.uint8)
+    if fmt == "q4_k":  # d, dmin; the 8 groups' s and m; 128 nibble bytes
+        return {
+            "scales": (f16, (supers,)),
+            "quants": (u8, (supers, 128)),
+            "mins": (f16, (supers,)),
+            "group_scales": (u8, (supers, 8)),
+            "group_mins": (u8, (supers, 8)),
+        }
+    if fmt == "q6_k":  # d; 128 bytes of low nibbles, 64 of 2-bit highs; the 16 groups' s
+        return {
+            "scales": (f16, (supers,)),
+            "quants": (u8, (supers, 128)),
+            "highs": (u8, (supers, 64)),
+            "group_scales": (np.dtype(np.int8), (supers, 16)),
+        }
+    arrays = {
+        "scales": (f16, (blocks,)),
+        "quants": (np.dtype(np.int8), (blocks, 32)) if fmt == "q8_0" else (u8, (blocks, 16)),
+    }
+    if fmt in WITH_MINS:
+        arrays["mins"] = (f16, (blocks,))
+    if fmt in WITH_HIGHS:
+        arrays["highs"] = (np.dtype(np.uint32), (blocks,))
+    return arrays
 
 
 @dataclass(frozen=True, eq=False)
 class QuantizedWeight:
     """A frozen (in, out) weight W as blocks of its transpose's rows (module docstring).
 
-    scales: (out, in / 32) float16, each block's d; mins: the same for q4_1's and q5_1's m;
-    quants: q8_0 (out, in / 32, 32) int8; the others (out, in / 32, 16) uint8 nibble pairs;
-    highs: q5_0's and q5_1's fifth bits, (out, in / 32) uint32; None in the other formats.
+    Each array has a row per output (layout(format, in) gives the rest of its shape):
+    scales: each block's (super-block's) f16 d; mins: q4_1's and q5_1's m, q4_k's dmin;
+    quants: q8_0's int8 q, the others' nibble bytes; highs: q5_0's and q5_1's fifth bits (uint32
+    masks), q6_k's 2-bit highs; group_scales / group_mins: a K-quant's per-group s and m.
     Build one with quantize(W, format), or from a GGUF tensor's raw blocks (from_blocks)."""
 
     format: str
@@ -57,27 +112,25 @@ class QuantizedWeight:
     quants: np.ndarray
     mins: np.ndarray | None = None
     highs: np.ndarray | None = None
+    group_scales: np.ndarray | None = None
+    group_mins: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n_in, n_out = self.shape
-        per_block = BLOCK if self.format == "q8_0" else BLOCK // 2
-        want = {
-            "scales": (self.scales, np.float16, (n_out, n_in // BLOCK)),
-            "quants": (
-                self.quants,
-                np.int8 if self.format == "q8_0" else np.uint8,
-                (n_out, n_in // BLOCK, per_block),
-            ),
-        }
-        if self.format in WITH_MINS:
-            want["mins"] = (self.mins, np.float16, (n_out, n_in // BLOCK))
-        elif self.mins is not None:
-            raise ValueError(f"QuantizedWeight: {self.format} has no mins (q4_1 and q5_1 do)")
-        if self.format in WITH_HIGHS:
-            want["highs"] = (self.highs, np.uint32, (n_out, n_in // BLOCK))
-        elif self.highs is not None:
-            raise ValueError(f"QuantizedWeight: {self.format} has no highs (q5_0 and q5_1 do)")
-        for name, (array, dtype, shape) in want.items():
+        if self.format not in KEPT or n_in <= 0 or n_in % block_size(self.format):
+            raise ValueError(
+                f"QuantizedWeight: format must be one of {', '.join(KEPT)} and in_features a "
+                f"positive multiple of its block, got {self.format!r}, shape {self.shape}"
+            )
+        want = layout(self.format, n_in)
+        for name in ARRAYS:
+            array = getattr(self, name)
+            if name not in want:
+                if array is not None:
+                    raise ValueError(f"QuantizedWeight: {self.format} has no {name}")
+                continue
+            dtype, per_row = want[name]
+            shape = (n_out, *per_row)
             if (
                 not isinstance(array, np.ndarray)
                 or array.dtype != dtype
@@ -87,7 +140,7 @@ class QuantizedWeight:
                 got = f"{getattr(array, 'dtype', type(array).__name__)} {np.shape(array)}"
                 raise ValueError(
                     f"QuantizedWeight({self.format}, shape {self.shape}): {name} must be a "
-                    f"C-contiguous {np.dtype(dtype)} array of shape {shape}, got {got}"
+                    f"C-contiguous {dtype} array of shape {shape}, got {got}"
                 )
 
     @property
@@ -109,8 +162,11 @@ class QuantizedWeight:
 
     def dequantize_rows(self, rows: Any = slice(None)) -> np.ndarray:
         """Rows of W^T (out-indices: a slice or integer ids) as float32 (len, in), with gguf's
-        reader's arithmetic (gguf.quants.dequantize): d * q, d * (q - 8), d * q + m, d * (q - 16)
-        in float32."""
+        reader's arithmetic (gguf.quants.dequantize) in float32: d * q, d * (q - 8), d * q + m,
+        d * (q - 16); q4_k (d s_g) q - dmin m_g; q6_k (d s_g) (q - 32)."""
+        if self.format in FILE_FORMATS:
+            values = self._dequantize_super_blocks(rows)
+            return values.reshape(*values.shape[:-2], self.shape[0])
         d = self.scales[rows].astype(np.float32)[..., None]
         q = self.quants[rows]
         if self.format == "q8_0":
@@ -131,17 +187,49 @@ class QuantizedWeight:
                 )
         return values.reshape(*values.shape[:-2], self.shape[0])
 
+    def _dequantize_super_blocks(self, rows: Any) -> np.ndarray:
+        """q4_k / q6_k rows -> float32 (..., super-blocks, 256)."""
+        d = self.scales[rows].astype(np.float32)[..., None]  # (..., supers, 1)
+        group_scale = d * self.group_scales[rows].astype(np.float32)  # d s_g, exact
+        q = self.quants[rows]
+        if self.format == "q4_k":  # run c of 32 bytes: group 2c low, group 2c + 1 high
+            runs = q.reshape(*q.shape[:-1], 4, 32)
+            groups = bit_fields(runs, 4).reshape(*q.shape[:-1], 8, 32).astype(np.float32)
+            group_min = self.mins[rows].astype(np.float32)[..., None] * self.group_mins[
+                rows
+            ].astype(np.float32)
+            values = group_scale[..., None] * groups - group_min[..., None]
+        else:  # q6_k, per half: 64 bytes of nibbles, 32 of 2-bit fields
+            low = bit_fields(q.reshape(*q.shape[:-1], 2, 64), 4)  # (..., 2, 2, 64)
+            high = bit_fields(self.highs[rows].reshape(*q.shape[:-1], 2, 32), 2)
+            six = low.reshape(*q.shape[:-1], 2, 128) | (
+                high.reshape(*q.shape[:-1], 2, 128) << np.uint8(4)
+            )
+            centred = (six.astype(np.int8) - np.int8(32)).astype(np.float32)
+            values = group_scale[..., None] * centred.reshape(*q.shape[:-1], 16, 16)
+        return values.reshape(*values.shape[:-2], SUPER_BLOCK)
+
     def dequantize(self) -> np.ndarray:
         """W (in, out) as float32: a transposed view of every row (dequantize_rows)."""
         return self.dequantize_rows().T
 
     def blocks(self) -> np.ndarray:
-        """The raw blocks as a GGUF file stores them: (out, in / 32 * bytes per block) uint8."""
-        parts = [self.scales.view(np.uint8).reshape(*self.scales.shape, 2)]
-        for extra in (self.mins, self.highs):  # the file's order: d, m, the fifth bits, q
-            if extra is not None:
-                parts.append(extra.view(np.uint8).reshape(*extra.shape, extra.itemsize))
-        parts.append(self.quants.view(np.uint8))
+        """The raw blocks as a GGUF file stores them: (out, bytes per row) uint8."""
+
+        def raw(array: np.ndarray) -> np.ndarray:
+            return array.view(np.uint8).reshape(*array.shape[:2], -1)
+
+        if self.format == "q4_k":  # d, dmin, the packed s and m, the nibbles
+            packed = pack_k_scales(self.group_scales, self.group_mins)
+            parts = [raw(self.scales[..., None]), raw(self.mins[..., None]), packed, self.quants]
+        elif self.format == "q6_k":  # the nibbles, the 2-bit highs, s, d
+            parts = [self.quants, self.highs, raw(self.group_scales), raw(self.scales[..., None])]
+        else:  # d, m, the fifth bits, q
+            parts = [raw(self.scales[..., None])]
+            for extra in (self.mins, self.highs):
+                if extra is not None:
+                    parts.append(raw(extra[..., None]))
+            parts.append(raw(self.quants))
         return np.concatenate(parts, axis=-1).reshape(self.shape[1], -1)
 
     def take_rows(self, rows: np.ndarray) -> QuantizedWeight:
@@ -153,28 +241,50 @@ class QuantizedWeight:
         return f"QuantizedWeight({self.format}, in={self.shape[0]}, out={self.shape[1]})"
 
 
+def bit_fields(packed: np.ndarray, bits: int) -> np.ndarray:
+    """The `bits`-wide fields of each byte, lowest first, as a new axis before the bytes':
+    (..., k) -> (..., 8 // bits, k); field i of byte b is (b >> (i * bits)) & mask."""
+    shifts = np.arange(0, 8, bits, dtype=np.uint8)[:, None]
+    return (packed[..., None, :] >> shifts) & np.uint8((1 << bits) - 1)
+
+
+def unpack_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's and Q5_K's 12 bytes (..., 12) -> 8 scales and 8 mins of 6 bits each, uint8 (..., 8).
+    Bytes 0-3 hold scales 0-3 (low 6 bits) and the top bits of scales 4-7; bytes 4-7 the same
+    for the mins; bytes 8-11 the low nibbles of scales 4-7 and, above them, of mins 4-7."""
+    low_s, low_m, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    top = np.uint8(0x30)
+    scales = np.concatenate([low_s & 0x3F, (rest & 0x0F) | ((low_s >> 2) & top)], axis=-1)
+    mins = np.concatenate([low_m & 0x3F, (rest >> 4) | ((low_m >> 2) & top)], axis=-1)
+    return scales, mins
+
+
+def pack_k_scales(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
+    """unpack_k_scales' inverse: 8 scales and 8 mins below 64 (..., 8) -> (..., 12) bytes."""
+    low = [(values[..., :4] & 0x3F) | ((values[..., 4:] >> 4) << 6) for values in (scales, mins)]
+    rest = (scales[..., 4:] & 0x0F) | ((mins[..., 4:] & 0x0F) << 4)
+    return np.concatenate([*low, rest], axis=-1).astype(np.uint8)
+
+
 def _consecutive_views(weights: list[QuantizedWeight]) -> QuantizedWeight | None:
     """The weight whose arrays `weights` are consecutive row views of, covering all of it (what
     concatenate_outputs returned for them before), or None."""
-    bases = [getattr(weights[0], name) for name in ARRAYS]
-    bases = [None if a is None else a.base for a in bases]
-    if bases[1] is None or bases[0] is None:
+    bases = {name: a.base for name, a in weights[0].arrays().items()}
+    if any(base is None for base in bases.values()):
         return None
     rows = 0
     for w in weights:
-        for name, base in zip(ARRAYS, bases, strict=True):
+        for name, base in bases.items():
             view = getattr(w, name)
-            if view is None:
-                continue
             if (
                 view.base is not base
                 or view.ctypes.data != base.ctypes.data + rows * base.strides[0]
             ):
                 return None
         rows += w.shape[1]
-    if rows != bases[1].shape[0]:
+    if rows != bases["quants"].shape[0]:
         return None
-    return QuantizedWeight(weights[0].format, (weights[0].shape[0], rows), *bases)
+    return QuantizedWeight(weights[0].format, (weights[0].shape[0], rows), **bases)
 
 
 def concatenate_outputs(
@@ -210,16 +320,22 @@ def concatenate_outputs(
     return fused, views
 
 
-def _check_format(fmt: Any, op: str) -> str:
-    if fmt not in FORMATS:
-        raise ValueError(f"{op}: format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+def _check_format(fmt: Any, op: str, formats: tuple[str, ...]) -> str:
+    if fmt in FILE_FORMATS and formats == FORMATS:
+        raise ValueError(
+            f"{op}: {fmt} blocks come from GGUF files only (from_blocks): llama.cpp's K-quant "
+            f"quantizer is not reproduced here; quantize makes {', '.join(FORMATS)}"
+        )
+    if fmt not in formats:
+        raise ValueError(f"{op}: format must be one of {', '.join(formats)}, got {fmt!r}")
     return fmt
 
 
-def _check_blocks(n_in: int, op: str, shape: tuple[int, ...]) -> None:
-    if n_in % BLOCK or n_in == 0:
+def _check_blocks(n_in: int, op: str, shape: tuple[int, ...], fmt: str) -> None:
+    size = block_size(fmt)
+    if n_in % size or n_in == 0:
         raise ValueError(
-            f"{op}: the input dimension must be a positive multiple of {BLOCK} (a block), "
+            f"{op}: the input dimension must be a positive multiple of {size} (a block), "
             f"got weight shape {shape} (in = {n_in})"
         )
 
@@ -236,11 +352,11 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
     A block of zeros gets d = 0 and quants that dequantize to 0. The blocks are made by the
     kernel quantize_rows (Numba; the numpy reference beside it), a group of W^T's rows at a
     time, so float32 copies stay small. NaN or inf in W: a ValueError (no block holds them)."""
-    _check_format(fmt, "quantize")
+    _check_format(fmt, "quantize", FORMATS)
     w = np.asarray(weight.data if isinstance(weight, Tensor) else weight)
     if w.ndim != 2 or w.dtype.kind != "f":
         raise ValueError(f"quantize: weight must be a 2-d float (in, out), got {w.dtype} {w.shape}")
-    _check_blocks(w.shape[0], f"quantize({fmt})", w.shape)
+    _check_blocks(w.shape[0], f"quantize({fmt})", w.shape, fmt)
     n_in, n_out = w.shape
     shape = (n_out, n_in // BLOCK)
     scales = np.empty(shape, np.float16)
@@ -267,16 +383,18 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
     return QuantizedWeight(fmt, (n_in, n_out), scales, quants, mins, highs)
 
 
-BYTES_PER_BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24}
+BYTES_PER_BLOCK = {
+    "q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q4_k": 144, "q6_k": 210,
+}  # fmt: skip
 
 
 def from_blocks(raw: np.ndarray, fmt: str, n_in: int) -> QuantizedWeight:
     """A QuantizedWeight from a GGUF tensor's raw blocks: (rows, bytes per row) uint8, each row
-    one output's `n_in` values (the file's ne0), nothing dequantized. The arrays are copies, so
-    the file can be closed."""
-    _check_format(fmt, "from_blocks")
-    _check_blocks(n_in, f"from_blocks({fmt})", (n_in, raw.shape[0]))
-    n_blocks, size = n_in // BLOCK, BYTES_PER_BLOCK[fmt]
+    one output's `n_in` values (the file's ne0), nothing dequantized (q4_k's packed 6-bit s and m
+    are unpacked into bytes). The arrays are copies, so the file can be closed."""
+    _check_format(fmt, "from_blocks", KEPT)
+    _check_blocks(n_in, f"from_blocks({fmt})", (n_in, raw.shape[0]), fmt)
+    n_blocks, size = n_in // block_size(fmt), BYTES_PER_BLOCK[fmt]
     if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != n_blocks * size:
         raise ValueError(
             f"from_blocks({fmt}): raw must be uint8 (rows, {n_blocks * size}) for in = {n_in}, "
@@ -284,21 +402,34 @@ def from_blocks(raw: np.ndarray, fmt: str, n_in: int) -> QuantizedWeight:
         )
     blocks = raw.reshape(raw.shape[0], n_blocks, size)
 
-    def f16(start: int) -> np.ndarray:
-        return np.ascontiguousarray(blocks[..., start : start + 2]).view(np.float16)[..., 0]
+    def part(start: int, stop: int, dtype: Any = np.uint8) -> np.ndarray:
+        return np.ascontiguousarray(blocks[..., start:stop]).view(dtype)
 
+    def f16(start: int) -> np.ndarray:
+        return part(start, start + 2, np.float16)[..., 0]
+
+    if fmt == "q4_k":  # d, dmin, 12 bytes of s and m, 128 of nibbles
+        group_scales, group_mins = unpack_k_scales(blocks[..., 4:16])
+        return QuantizedWeight(
+            fmt, (n_in, raw.shape[0]), f16(0), part(16, 144), f16(2), None,
+            np.ascontiguousarray(group_scales), np.ascontiguousarray(group_mins),
+        )  # fmt: skip
+    if fmt == "q6_k":  # 128 bytes of nibbles, 64 of 2-bit highs, 16 int8 s, d
+        return QuantizedWeight(
+            fmt, (n_in, raw.shape[0]), f16(208), part(0, 128), None, part(128, 192),
+            part(192, 208, np.int8),
+        )  # fmt: skip
     # d, then m (q4_1, q5_1), then 4 bytes of fifth bits (q5_0, q5_1), then the quants
     high = 4 if fmt in WITH_MINS else 2
     head = high + (4 if fmt in WITH_HIGHS else 0)
-    quants = np.ascontiguousarray(blocks[..., head:])
-    highs = np.ascontiguousarray(blocks[..., high : high + 4]).view(np.uint32)[..., 0]
+    quants = part(head, size)
     return QuantizedWeight(
         fmt,
         (n_in, raw.shape[0]),
         f16(0),
         quants.view(np.int8) if fmt == "q8_0" else quants,
         f16(2) if fmt in WITH_MINS else None,
-        highs if fmt in WITH_HIGHS else None,
+        part(high, high + 4, np.uint32)[..., 0] if fmt in WITH_HIGHS else None,
     )
 
 

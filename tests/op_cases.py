@@ -24,7 +24,8 @@ import autograd
 import autograd.functional as F
 import nn
 from autograd import ops, unbroadcast
-from autograd.quantized import FORMATS, quantize, quantized_linear
+from autograd.kernels.examples import quantized_weight
+from autograd.quantized import KEPT, block_size, quantized_linear
 from autograd.testing import Example
 from autograd.testing.references import (
     np_attention,
@@ -503,12 +504,15 @@ def linear_case(draw):
 
 @st.composite
 def quantized_linear_case(draw):
-    """x @ W (+ b) with W frozen in a block format: x and b are the inputs, W a parameter; 1-d x
-    (one row: the matrix-vector kernel) too. Tile edges: test_quantized.py's kernel tests."""
+    """x @ W (+ b) with W frozen in a block format (a K-quant's random blocks): x and b are the
+    inputs, W a parameter; 1-d x (one row: the matrix-vector kernel) too. Tile edges:
+    test_quantized.py's kernel tests."""
     lead = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3))
-    n_in, n_out = draw(st.sampled_from([32, 64])), draw(st.sampled_from([1, 2, 5, 33]))
+    fmt = draw(st.sampled_from(KEPT))
+    n_in = block_size(fmt) * draw(st.sampled_from([1, 2]))
+    n_out = draw(st.sampled_from([1, 2, 5, 33]))
     rng = seeded(draw)
-    weight = quantize(rng.standard_normal((n_in, n_out)), draw(st.sampled_from(FORMATS)))
+    weight = quantized_weight(rng, fmt, n_in, n_out)
     w = weight.dequantize().astype(np.float64)
     x = rng.standard_normal((*lead, n_in)) * draw(st.sampled_from([1.0, 1e3]))
     if draw(st.booleans()):

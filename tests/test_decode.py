@@ -1,6 +1,8 @@
 """The compiled decode step (models/architectures/decoding.py, docs/decoding.md) against eager
 generation with the KV cache: the same logits bit for bit and the same tokens."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -253,6 +255,24 @@ def test_past_the_first_rotary_tables_the_step_reads_the_same_angles():
         for token in range(40):
             logits, _ = eager_model(np.array([[token % VOCAB]]), kv_caches=eager_caches)
             np.testing.assert_array_equal(step(np.array([token % VOCAB])), logits.data[:, -1])
+
+
+@pytest.mark.parametrize("fixture", ["llama-Q4_K.gguf", "llama-Q6_K.gguf"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_model_keeping_k_quant_blocks_steps_as_its_eager_forward(fixture, exact):
+    """A GGUF file's Q4_K / Q6_K blocks kept (quantize="gguf"): the compiled step's logits are
+    eager's bit for bit (float64), one row and two."""
+    import models
+
+    path = Path(__file__).resolve().parent / "fixtures" / "gguf" / fixture
+    model = models.from_pretrained(path, dtype=np.float64, quantize="gguf")
+    kept = {m.weight.format for m in model.modules() if isinstance(m, nn.QuantizedLinear)}
+    assert fixture[6:10].lower() in kept
+    vocab = model.config.vocab_size
+    for batch in (1, 2):
+        ids = np.random.default_rng(batch).integers(0, vocab, (batch, 5))
+        eager, compiled = eager_and_compiled_logits(model, ids, 6, exact=exact)
+        np.testing.assert_array_equal(compiled, eager)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "q5_0", "q5_1"])

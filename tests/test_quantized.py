@@ -13,7 +13,17 @@ import autograd
 import nn
 from autograd import Tensor, kernels
 from autograd.kernels import quantized as K
-from autograd.quantized import FORMATS, QuantizedWeight, from_blocks, quantize, quantized_linear
+from autograd.kernels.examples import quantized_weight
+from autograd.quantized import (
+    FILE_FORMATS,
+    FORMATS,
+    KEPT,
+    QuantizedWeight,
+    block_size,
+    from_blocks,
+    quantize,
+    quantized_linear,
+)
 from nn.module import set_child
 
 gguf = pytest.importorskip("gguf")
@@ -136,8 +146,21 @@ def test_quantize_float64_and_rows():
     [
         (lambda: quantize(np.ones((48, 3)), "q8_0"), r"quantize\(q8_0\).*\(48, 3\).*in = 48"),
         (
-            lambda: quantize(np.ones((32, 3)), "q6_k"),
+            lambda: quantize(np.ones((32, 3)), "q2_k"),
             "format must be one of q8_0, q4_0, q4_1, q5_0, q5_1",
+        ),
+        (lambda: quantize(np.ones((256, 3)), "q6_k"), "q6_k blocks come from GGUF files only"),
+        (
+            lambda: from_blocks(np.zeros((2, 144), np.uint8), "q4_k", 32),
+            r"from_blocks\(q4_k\).*multiple of 256",
+        ),
+        (
+            lambda: QuantizedWeight("q4_k", (256, 1), np.zeros((1, 1), np.float16), np.zeros(1)),
+            "q4_k.*quants must be a C-contiguous uint8 array of shape \\(1, 1, 128\\)",
+        ),
+        (
+            lambda: QuantizedWeight("q3_k", (256, 1), np.zeros((1, 1), np.float16), np.zeros(1)),
+            "format must be one of q8_0, .*q4_k, q6_k",
         ),
         (lambda: quantize(np.ones(32), "q8_0"), "2-d float"),
         (
@@ -157,7 +180,7 @@ def test_bad_input_names_the_op_and_the_shapes(call, message):
         call()
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", KEPT)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows", [1, 3, 40])
 @pytest.mark.parametrize("build", ["serial", "parallel"])
@@ -170,8 +193,11 @@ def test_kernels_match_the_reference(fmt, dtype, rows, build, monkeypatch):
     monkeypatch.setattr(K, "TILE_ROWS", 128)
     monkeypatch.setattr(K, "FEW_ROWS", 32)
     rng = np.random.default_rng(3)
-    q = quantize(awkward_weight(rng, 96, 300), fmt)
-    x = rng.standard_normal((rows, 96)).astype(dtype)
+    if fmt in FILE_FORMATS:  # random super-blocks, two a row
+        q = quantized_weight(rng, fmt, 512, 300)
+    else:
+        q = quantize(awkward_weight(rng, 96, 300), fmt)
+    x = rng.standard_normal((rows, q.shape[0])).astype(dtype)
     g = rng.standard_normal((rows, 300)).astype(dtype)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-13, atol=1e-13)
     scale_x, scale_g = np.abs(x @ np.abs(q.dequantize())).max(), np.abs(g).sum(1).max()
@@ -184,13 +210,16 @@ def test_kernels_match_the_reference(fmt, dtype, rows, build, monkeypatch):
         np.testing.assert_allclose(got / scale, want / scale, **tol)
 
 
-def test_float64_product_sees_exactly_the_dequantized_weight():
-    """Each value is made in float32 as gguf's reader makes it (q4_1's d * q + m rounds there),
-    then multiplied in float64: a one-hot x reads W's entries back exactly."""
+@pytest.mark.parametrize("fmt", ["q4_1", *FILE_FORMATS])
+def test_float64_product_sees_exactly_the_dequantized_weight(fmt):
+    """Each value is made in float32 as gguf's reader makes it (q4_1's d * q + m, q4_k's
+    (d s) q - dmin m and q6_k's (d s) (q - 32) round there), then multiplied in float64: a
+    one-hot x reads W's entries back exactly, in every position of a block's layout."""
     rng = np.random.default_rng(5)
-    q = quantize(rng.standard_normal((64, 7)), "q4_1")
-    for row in (0, 33, 63):
-        x = np.zeros((1, 64))
+    n_in = block_size(fmt) * 2
+    q = quantized_weight(rng, fmt, n_in, 7)
+    for row in sorted({0, 17, 33, 63, 64 + 31, 128 + 16, n_in - 1} & set(range(n_in))):
+        x = np.zeros((1, n_in))
         x[0, row] = 1.0
         np.testing.assert_array_equal(K.quantized_matmul_numba(x, q)[0], q.dequantize()[row])
 
@@ -252,15 +281,23 @@ def test_quantized_linear_module_is_frozen_and_says_its_format():
         nn.quantize_linears(nn.MLP(32), "q3_k")
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+def quantized_layer(fmt, n_in, n_out, rng, bias=True):
+    """A QuantizedLinear (n_in, n_out) in fmt: a Linear quantized, or random K-quant blocks."""
+    linear = nn.Linear(n_in, n_out, bias=bias, rng=rng)
+    if fmt in FORMATS:
+        return nn.QuantizedLinear.from_linear(linear, fmt)
+    return nn.QuantizedLinear(quantized_weight(rng, fmt, n_in, n_out), linear.bias)
+
+
+@pytest.mark.parametrize("fmt", KEPT)
 def test_layers_side_by_side_share_one_array_and_compute_every_output(fmt):
     # the compiled decode step's q | k | v and gate | up: one product, no memory added
     rng = np.random.default_rng(1)
-    linears = [nn.Linear(64, n, rng=rng) for n in (16, 8, 8)]
-    layers = [nn.QuantizedLinear.from_linear(linear, fmt) for linear in linears]
+    n_in = 2 * block_size(fmt)
+    layers = [quantized_layer(fmt, n_in, n, rng) for n in (16, 8, 8)]
     before = [layer.weight.dequantize() for layer in layers]
     fused = nn.QuantizedLinear.side_by_side(layers)
-    assert fused.weight.shape == (64, 32) and fused.weight.format == fmt
+    assert fused.weight.shape == (n_in, 32) and fused.weight.format == fmt
     np.testing.assert_array_equal(fused.weight.dequantize(), np.concatenate(before, axis=1))
     biases = [layer.bias.data for layer in layers]
     np.testing.assert_array_equal(fused.bias.data, np.concatenate(biases))
@@ -272,15 +309,15 @@ def test_layers_side_by_side_share_one_array_and_compute_every_output(fmt):
     reordered = nn.QuantizedLinear.side_by_side(layers[::-1])  # not in order: a copy, correct
     assert not np.shares_memory(reordered.weight.quants, fused.weight.quants)
     np.testing.assert_array_equal(reordered.weight.dequantize(), np.concatenate(before[::-1], 1))
-    x = rng.standard_normal((1, 64)).astype(np.float32)
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
     out = np.empty((1, 32), np.float32)
     fused.forward_into(x, out)
     apart = [layer(Tensor(x)).data for layer in layers]
     np.testing.assert_array_equal(out, np.concatenate(apart, axis=1))  # one row: bit for bit
-    other = nn.QuantizedLinear.from_linear(nn.Linear(32, 8, rng=rng), fmt)
+    other = quantized_layer(fmt, n_in // 2 if fmt in FORMATS else 2 * n_in, 8, rng)
     with pytest.raises(ValueError, match="concatenate_outputs: the weights must share"):
         nn.QuantizedLinear.side_by_side([layers[0], other])
-    unbiased = nn.QuantizedLinear.from_linear(nn.Linear(64, 8, bias=False, rng=rng), fmt)
+    unbiased = quantized_layer(fmt, n_in, 8, rng, bias=False)
     with pytest.raises(ValueError, match="all layers or none must have a bias"):
         nn.QuantizedLinear.side_by_side([layers[0], unbiased])
 
@@ -336,7 +373,7 @@ def test_a_quantized_model_computes_its_dequantized_twins_logits(fmt, dtype, tol
 FIXTURES = __import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "gguf"
 
 
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
 def test_gguf_blocks_kept_as_the_file_stores_them(fmt):
     import models
     from models.formats import gguf as mg
@@ -375,14 +412,14 @@ def test_a_gguf_tensor_is_quantized_a_group_of_rows_at_a_time(source, fmt, monke
 
 
 def test_a_float_tensor_kept_float_is_laid_out_as_the_float_loader_lays_it():
-    # quantize="gguf" on a K-quant file: its K tensors are dequantized and stay float Linears,
+    # quantize="gguf" on a Q5_K file: its Q5_K tensors are dequantized and stay float Linears,
     # C-contiguous as from_pretrained's float weights (a decode step then runs their product on
     # Numba's threads; a transposed view went to BLAS's threads beside Numba's polling ones:
     # SmolLM2's Q4_K_M decode on 2 threads ran 17.6 instead of ~80 tokens/s)
     import models
 
-    kept = models.from_pretrained(FIXTURES / "llama-Q4_K.gguf", quantize="gguf")
-    floats = dict(models.from_pretrained(FIXTURES / "llama-Q4_K.gguf").named_modules())
+    kept = models.from_pretrained(FIXTURES / "llama-Q5_K.gguf", quantize="gguf")
+    floats = dict(models.from_pretrained(FIXTURES / "llama-Q5_K.gguf").named_modules())
     linears = [(n, m) for n, m in kept.named_modules() if type(m) is nn.Linear]
     assert linears  # the K tensors: the fixture's 256-wide rows
     for name, module in linears:

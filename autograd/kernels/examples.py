@@ -132,11 +132,30 @@ def attention_backward(rng, dtype, rows, width):
 
 def _quantized_weight(rng, rows, width):
     """A QuantizedWeight of in = width rounded up to whole blocks and out = rows + 300, in a
-    format drawn from FORMATS."""
-    from autograd.quantized import BLOCK, FORMATS, quantize
+    format drawn from KEPT."""
+    from autograd.quantized import KEPT, block_size
 
-    n_in = -(-width // BLOCK) * BLOCK
-    return quantize(rng.standard_normal((n_in, rows + 300)), FORMATS[rng.integers(len(FORMATS))])
+    fmt = KEPT[rng.integers(len(KEPT))]
+    n_in = -(-width // block_size(fmt)) * block_size(fmt)
+    return quantized_weight(rng, fmt, n_in, rows + 300)
+
+
+def quantized_weight(rng, fmt, n_in, n_out):
+    """A QuantizedWeight (n_in, n_out) in fmt: quantize() of normal values, or for a format read
+    from files only (FILE_FORMATS), random blocks whose f16 scales are finite (about 0.01)."""
+    from autograd.quantized import FILE_FORMATS, QuantizedWeight, layout, quantize
+
+    if fmt not in FILE_FORMATS:
+        return quantize(rng.standard_normal((n_in, n_out)), fmt)
+    arrays = {}
+    for name, (dtype, per_row) in layout(fmt, n_in).items():
+        shape = (n_out, *per_row)
+        if dtype == np.float16:
+            arrays[name] = (rng.random(shape) * 0.02).astype(np.float16)
+        else:  # q4_k's s and m have 6 bits
+            top = 64 if name.startswith("group_") and fmt == "q4_k" else 256
+            arrays[name] = rng.integers(0, top, shape, dtype=np.uint8).view(dtype)
+    return QuantizedWeight(fmt, (n_in, n_out), **arrays)
 
 
 def quantized_matmul(rng, dtype, rows, width):

@@ -1,10 +1,13 @@
 """The quantized linear's products (autograd/quantized.py): x @ W and g @ W^T, W frozen in blocks.
 
 W (in, out) is stored as the blocks of W^T's rows (llama.cpp's q8_0, q4_0, q4_1, q5_0, q5_1: 32
-values of one row, an f16 scale d, q4_1 and q5_1 an f16 minimum m). Each block's values are
+values of one row, an f16 scale d, q4_1 and q5_1 an f16 minimum m; q4_k and q6_k: super-blocks
+of 256 values, f16 d (and dmin), an integer s (and m) per group of 32 or 16). Each value is
 
     q8_0: d * q     q4_0: d * (q - 8)     q4_1, q5_1: d * q + m     q5_0: d * (q - 16)
-    (in float32, as gguf reads; a q5's q is a nibble and one bit of the block's 32-bit mask)
+    q4_k: (d s_g) * q - dmin m_g          q6_k: (d s_g) * (q - 32)
+    (in float32, as gguf reads; a q5's q is a nibble and one bit of the block's 32-bit mask,
+    q6_k's a nibble and a 2-bit field)
 
 - quantized_matmul(x, weight):  x (N, in) @ W -> (N, out)
 - quantized_matmul_t(g, weight): g (N, out) @ W^T -> (N, in)   (the VJP for x)
@@ -201,6 +204,94 @@ def _matvec_q4_1(x, scales, mins, quants, table, ahead, out):
         out[r] = lanes.sum()
 
 
+@_kernel
+def _matvec_q4_k(x, scales, mins, group_scales, group_mins, quants, table, ahead, out):
+    # d s_g and dmin m_g are exact in float32 (an 11-bit d times a 6-bit integer), so is
+    # (d s_g) q (21 bits): one FMA rounds once, as gguf's (d s_g) q - dmin m_g does. Byte j of
+    # run c holds value j of group 2c (low nibble) and of group 2c + 1 (high)
+    for r in prange(quants.shape[0]):
+        _prefetch_row(quants, r, ahead)
+        lanes = np.zeros(64, x.dtype)
+        for k in range(scales.shape[1]):
+            d, dmin = table[scales[r, k]], table[mins[r, k]]
+            for c in range(4):
+                g = 8 * k + 2 * c
+                s_low, s_high = (
+                    d * np.float32(group_scales[r, g]),
+                    d * np.float32(group_scales[r, g + 1]),
+                )
+                m_low, m_high = (
+                    dmin * np.float32(group_mins[r, g]),
+                    dmin * np.float32(group_mins[r, g + 1]),
+                )
+                at = 256 * k + 64 * c
+                for j in range(32):
+                    low, high = _nibbles(quants[r, 128 * k + 32 * c + j])
+                    lanes[j] += x[at + j] * (s_low * np.float32(low) - m_low)
+                    lanes[32 + j] += x[at + 32 + j] * (s_high * np.float32(high) - m_high)
+        out[r] = lanes.sum()
+
+
+@njit(cache=True, nogil=True)
+def _six(quants, highs, r, k, half, j):
+    """q6_k's four q of byte j (< 32) of half `half` of super-block k in row r, values j, 32 + j,
+    64 + j and 96 + j of the half, as float32 q - 32: the low nibbles of bytes j and 32 + j of the
+    half's 64, then their high nibbles, each with a 2-bit field of highs byte j above it."""
+    first = np.int32(quants[r, 128 * k + 64 * half + j])
+    second = np.int32(quants[r, 128 * k + 64 * half + 32 + j])
+    two = np.int32(highs[r, 64 * k + 32 * half + j])
+    q0 = (first & np.int32(15)) | ((two & np.int32(3)) << np.int32(4))
+    q1 = (second & np.int32(15)) | ((two & np.int32(12)) << np.int32(2))
+    q2 = (first >> np.int32(4)) | (two & np.int32(48))
+    q3 = (second >> np.int32(4)) | ((two & np.int32(192)) >> np.int32(2))
+    centre = np.float32(32)
+    return (
+        np.float32(q0) - centre, np.float32(q1) - centre,
+        np.float32(q2) - centre, np.float32(q3) - centre,
+    )  # fmt: skip
+
+
+@_kernel
+def _matvec_q6_k(x, scales, group_scales, quants, highs, table, ahead, out):
+    # (d s_g) (q - 32): d s_g is exact (an 11-bit d times an int8), q - 32 too; their product
+    # rounds once, as gguf's does. Value v of a super-block is in group v // 16
+    for r in prange(quants.shape[0]):
+        _prefetch_row(quants, r, ahead)
+        lanes = np.zeros(128, x.dtype)
+        for k in range(scales.shape[1]):
+            d = table[scales[r, k]]
+            for half in range(2):
+                at = 256 * k + 128 * half
+                for part in range(2):  # bytes 0-15, then 16-31: one group in each quarter
+                    g = 16 * k + 8 * half + part
+                    s0, s1 = (
+                        d * np.float32(group_scales[r, g]),
+                        d * np.float32(group_scales[r, g + 2]),
+                    )
+                    s2, s3 = (
+                        d * np.float32(group_scales[r, g + 4]),
+                        d * np.float32(group_scales[r, g + 6]),
+                    )
+                    for j in range(16 * part, 16 * part + 16):
+                        q0, q1, q2, q3 = _six(quants, highs, r, k, half, j)
+                        lanes[j] += x[at + j] * (s0 * q0)
+                        lanes[32 + j] += x[at + 32 + j] * (s1 * q1)
+                        lanes[64 + j] += x[at + 64 + j] * (s2 * q2)
+                        lanes[96 + j] += x[at + 96 + j] * (s3 * q3)
+        out[r] = lanes.sum()
+
+
+def _flat_k(weight):
+    """The K-quant kernels' view: f16 bits (out, super-blocks) of d (and dmin), the groups' s
+    (and m) (out, groups), the quants and q6_k's highs as (out, bytes)."""
+    n_out = weight.shape[1]
+    flat = {name: a.reshape(n_out, -1) for name, a in weight.arrays().items()}
+    flat["scales"] = weight.scales.view(np.uint16)
+    if weight.format == "q4_k":
+        flat["mins"] = weight.mins.view(np.uint16)
+    return flat
+
+
 def _flat(weight):
     """The kernels' view of the blocks: f16 bits (out, blocks); the mins as f16 bits and the
     fifth bits as int32 (out, blocks), each None where the format has none; quants (out, bytes)."""
@@ -211,9 +302,22 @@ def _flat(weight):
 
 
 def _matvec(x, weight, out):
-    bits, mins, highs, quants = _flat(weight)
     work = weight.shape[0] * weight.shape[1]
-    ahead = max(1, PREFETCH_BYTES // quants.shape[1])
+    ahead = max(1, PREFETCH_BYTES // (weight.quants.nbytes // weight.shape[1]))
+    if weight.format in ("q4_k", "q6_k"):
+        a = _flat_k(weight)
+        if weight.format == "q4_k":
+            _matvec_q4_k(
+                work, x, a["scales"], a["mins"], a["group_scales"], a["group_mins"], a["quants"],
+                F16_TO_F32, ahead, out,
+            )  # fmt: skip
+        else:
+            _matvec_q6_k(
+                work, x, a["scales"], a["group_scales"], a["quants"], a["highs"], F16_TO_F32,
+                ahead, out,
+            )  # fmt: skip
+        return
+    bits, mins, highs, quants = _flat(weight)
     if weight.format == "q8_0":
         _matvec_q8_0(work, x, bits, quants, F16_TO_F32, ahead, out)
     elif weight.format == "q4_0":
@@ -287,8 +391,67 @@ def _dequantize_q5_1(scales, mins, highs, quants, table, start, tile):
                 tile[i, 32 * b + 16 + j] = d * np.float32(high) + m
 
 
+@Kernel
+def _dequantize_q4_k(scales, mins, group_scales, group_mins, quants, table, start, tile):
+    for i in prange(tile.shape[0]):
+        r = start + i
+        for k in range(scales.shape[1]):
+            d, dmin = table[scales[r, k]], table[mins[r, k]]
+            for c in range(4):
+                g = 8 * k + 2 * c
+                s_low, s_high = (
+                    d * np.float32(group_scales[r, g]),
+                    d * np.float32(group_scales[r, g + 1]),
+                )
+                m_low, m_high = (
+                    dmin * np.float32(group_mins[r, g]),
+                    dmin * np.float32(group_mins[r, g + 1]),
+                )
+                for j in range(32):
+                    low, high = _nibbles(quants[r, 128 * k + 32 * c + j])
+                    tile[i, 256 * k + 64 * c + j] = s_low * np.float32(low) - m_low
+                    tile[i, 256 * k + 64 * c + 32 + j] = s_high * np.float32(high) - m_high
+
+
+@Kernel
+def _dequantize_q6_k(scales, group_scales, quants, highs, table, start, tile):
+    for i in prange(tile.shape[0]):
+        r = start + i
+        for k in range(scales.shape[1]):
+            d = table[scales[r, k]]
+            for half in range(2):
+                at = 256 * k + 128 * half
+                for part in range(2):
+                    g = 16 * k + 8 * half + part
+                    s0, s1 = (
+                        d * np.float32(group_scales[r, g]),
+                        d * np.float32(group_scales[r, g + 2]),
+                    )
+                    s2, s3 = (
+                        d * np.float32(group_scales[r, g + 4]),
+                        d * np.float32(group_scales[r, g + 6]),
+                    )
+                    for j in range(16 * part, 16 * part + 16):
+                        q0, q1, q2, q3 = _six(quants, highs, r, k, half, j)
+                        tile[i, at + j], tile[i, at + 32 + j] = s0 * q0, s1 * q1
+                        tile[i, at + 64 + j], tile[i, at + 96 + j] = s2 * q2, s3 * q3
+
+
 def _dequantize_tile(weight, start, tile):
     """tile[i] = row start + i of W^T, in the tile's dtype (a float32 value, then converted)."""
+    if weight.format in ("q4_k", "q6_k"):
+        a = _flat_k(weight)
+        if weight.format == "q4_k":
+            _dequantize_q4_k(
+                tile.size, a["scales"], a["mins"], a["group_scales"], a["group_mins"],
+                a["quants"], F16_TO_F32, start, tile,
+            )  # fmt: skip
+        else:
+            _dequantize_q6_k(
+                tile.size, a["scales"], a["group_scales"], a["quants"], a["highs"], F16_TO_F32,
+                start, tile,
+            )  # fmt: skip
+        return
     bits, mins, highs, quants = _flat(weight)
     if weight.format == "q8_0":
         _dequantize_q8_0(tile.size, bits, quants, F16_TO_F32, start, tile)

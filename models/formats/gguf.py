@@ -3,8 +3,8 @@
 One home for reading GGUF: the metadata as a dict of plain Python values (read_metadata), the
 tensors' infos, and each tensor dequantized to a requested dtype. The header itself is read by
 gguf_header.py (gguf's own GGUFReader costs ~170 MB on a real vocabulary). F32, F16, BF16, the
-block formats glassgrad keeps (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: autograd.quantized) and the
-K-quants (Q2_K to Q6_K: ggml_blocks.py) are dequantized here, with the arithmetic
+block formats glassgrad keeps (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K: autograd.quantized) and
+the other K-quants (Q2_K, Q3_K, Q5_K: ggml_blocks.py) are dequantized here, with the arithmetic
 of gguf.quants.dequantize (the code transformers uses; tests hold them bit-equal); the rarer types
 (the IQ types, TQ, MXFP4, ...) by gguf.quants itself, so only files of those need the optional
 `gguf` package (`pip install glassgrad[gguf]`).
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from autograd.quantized import FORMATS, QuantizedWeight, from_blocks
+from autograd.quantized import FORMATS, KEPT, QuantizedWeight, from_blocks
 from autograd.quantized import quantize as quantize_weight
 from models.formats.errors import FileFormatError
 from models.formats.ggml_blocks import DEQUANTIZERS
@@ -56,7 +56,7 @@ def read_metadata(source: str | Path | GGUFHeader) -> dict[str, Any]:
 # what it is given, so a whole 49152 x 576 embedding at once would cost several copies of it.
 CHUNK_VALUES = 1 << 20
 # the types dequantized here; every other one (but F64 and the integers) by gguf.quants
-OWN_TYPES = ("F32", "F16", "BF16", *(fmt.upper() for fmt in FORMATS), *DEQUANTIZERS)
+OWN_TYPES = ("F32", "F16", "BF16", *(fmt.upper() for fmt in KEPT), *DEQUANTIZERS)
 
 
 class TensorInfo(NamedTuple):
@@ -391,8 +391,8 @@ def load(
 
     quantize: None (every weight in dtype), a format of autograd.quantized.FORMATS (every Linear
     weight and a tied embedding quantized as it is read) or "gguf" (those weights keep the file's
-    own Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 blocks, never dequantized; of another type they are
-    dequantized to dtype). The float weights the quantized ones replace are never allocated
+    own Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or Q6_K blocks, never dequantized; of another type
+    they are dequantized to dtype). The float weights the quantized ones replace are never allocated
     (QuantizedLoading)."""
     from autograd import get_default_dtype
     from models.architectures.decoder import _NoInit  # every weight is about to be loaded
@@ -418,7 +418,7 @@ def load(
         for name, tensor in tensors.items():  # file order: the memory map is read front to back
             hf_name = expected[name][0]
             fmt = tensor.tensor_type.name.lower()
-            if quantize == "gguf" and fmt in FORMATS and hf_name in quantized.targets:
+            if quantize == "gguf" and fmt in KEPT and hf_name in quantized.targets:
                 n_in = int(tensor.shape[0])  # ne0: the values of a row
                 array = from_blocks(
                     np.asarray(tensor.data).reshape(-1, tensor.data.shape[-1]), fmt, n_in
