@@ -240,14 +240,16 @@ def _six(quants, highs, r, k, half, j):
     first = np.int32(quants[r, 128 * k + 64 * half + j])
     second = np.int32(quants[r, 128 * k + 64 * half + 32 + j])
     two = np.int32(highs[r, 64 * k + 32 * half + j])
-    q0 = (first & np.int32(15)) | ((two & np.int32(3)) << np.int32(4))
-    q1 = (second & np.int32(15)) | ((two & np.int32(12)) << np.int32(2))
-    q2 = (first >> np.int32(4)) | (two & np.int32(48))
-    q3 = (second >> np.int32(4)) | ((two & np.int32(192)) >> np.int32(2))
+    # every step cast back to int32: Numba's integer arithmetic is int64, whose vectors hold
+    # half as many values (and convert to float at half the width), as in _nibbles
+    q0 = np.int32(first & 15) | np.int32(np.int32(two & 3) << 4)
+    q1 = np.int32(second & 15) | np.int32(np.int32(two & 12) << 2)
+    q2 = np.int32(first >> 4) | np.int32(two & 48)
+    q3 = np.int32(second >> 4) | np.int32(np.int32(two & 192) >> 2)
     centre = np.float32(32)
     return (
-        np.float32(q0) - centre, np.float32(q1) - centre,
-        np.float32(q2) - centre, np.float32(q3) - centre,
+        np.float32(np.int32(q0)) - centre, np.float32(np.int32(q1)) - centre,
+        np.float32(np.int32(q2)) - centre, np.float32(np.int32(q3)) - centre,
     )  # fmt: skip
 
 
