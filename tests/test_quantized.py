@@ -531,13 +531,16 @@ def test_lora_on_a_quantized_base_trains_and_unloads_into_a_float_linear(tmp_pat
     np.testing.assert_allclose(model(Tensor(x)).data, before, rtol=1e-10, atol=1e-12)
 
 
-def test_a_quantized_embedding_lookup_is_an_op_a_compiled_step_replays():
+@pytest.mark.parametrize("fmt", ["q4_0", *FILE_FORMATS])
+def test_a_quantized_embedding_lookup_is_an_op_a_compiled_step_replays(fmt):
     """The lookup is recorded (QuantizedRows), so a replay reads the new ids' rows: a Tensor made
-    from the rows inside the step would be a constant of the first call."""
+    from the rows inside the step would be a constant of the first call. (A K-quant table: the
+    Q6_K token_embd of many Q4_K_M files.)"""
     autograd.set_default_dtype(np.float64)
     rng = np.random.default_rng(7)
-    table = nn.QuantizedEmbedding(quantize(rng.standard_normal((32, 11)), "q4_0"), np.float64)
-    w = Tensor(rng.standard_normal((32, 3)), requires_grad=True)
+    n_in = block_size(fmt)
+    table = nn.QuantizedEmbedding(quantized_weight(rng, fmt, n_in, 11), np.float64)
+    w = Tensor(rng.standard_normal((n_in, 3)), requires_grad=True)
 
     def step(ids):
         w.grad = None
@@ -552,6 +555,8 @@ def test_a_quantized_embedding_lookup_is_an_op_a_compiled_step_replays():
         assert compiled(ids).item() == eager_loss
         np.testing.assert_array_equal(w.grad, eager_grad)
     np.testing.assert_array_equal(table(ids).data, table.weight.dequantize().T[ids])
+    x = rng.standard_normal((2, n_in))  # the tied head by the same blocks
+    np.testing.assert_allclose(table.attend(Tensor(x)).data, x @ table.weight.dequantize(), 1e-13)
     with pytest.raises(IndexError, match=r"quantized_rows: id 11 is out of range \[0, 11\)"):
         table(np.array([11]))
 

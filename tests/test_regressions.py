@@ -133,3 +133,18 @@ def test_safetensors_header_with_a_list_dtype_is_a_checkpoint_error(tmp_path):
     path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
     with pytest.raises(nn.CheckpointError, match="dtype"):
         nn.load_safetensors(path)
+
+
+def test_the_jvp_check_s_transpose_identity_where_a_softmax_probability_underflows(monkeypatch):
+    """check_jvp's <J v, u> = <v, J^T u> compared terms of 1e-261 (softmax of [-9196, -10181,
+    -9805]: p (v - <p, v>) cancels to rounding of |v| ~ 1e4, far above them) to 1e-9 of
+    themselves; the check now also allows rounding relative to v and u. It still catches a VJP
+    that is off."""
+    from autograd.testing import check_jvp
+
+    x = np.array([-9196.32192763, -10180.83802856, -9805.23119407])
+    check_jvp(lambda t: F.softmax(t, 0), [x])
+    backward = F.Softmax.backward
+    monkeypatch.setattr(F.Softmax, "backward", lambda self, g: (1.001 * backward(self, g)[0],))
+    with pytest.raises(AssertionError, match="transpose identity"):
+        check_jvp(lambda t: F.softmax(t, 0), [np.array([0.3, -1.2, 2.0])])
