@@ -210,6 +210,23 @@ def test_kernels_match_the_reference(fmt, dtype, rows, build, monkeypatch):
         np.testing.assert_allclose(got / scale, want / scale, **tol)
 
 
+def test_a_prefill_s_tiles_are_dequantized_on_the_calling_thread(monkeypatch):
+    # few rows of x: each tile on this thread (work 0), not on Numba's workers, which waited for
+    # the cores BLAS's threads spun on (a 21-token prefill on 2 threads took 2.4x as long)
+    rng = np.random.default_rng(2)
+    q = quantize(rng.standard_normal((64, 600)), "q8_0")
+    works = []
+    dequantize_tile = K._dequantize_tile
+    monkeypatch.setattr(
+        K, "_dequantize_tile", lambda *a: works.append(a[-1]) or dequantize_tile(*a)
+    )
+    for rows in (3, K.FEW_ROWS):
+        works.clear()
+        K.quantized_matmul_numba(rng.standard_normal((rows, 64)), q)
+        assert len(works) == (3 if rows == 3 else 1)
+        assert all(work == 0 for work in works) == (rows == 3), (rows, works)
+
+
 @pytest.mark.parametrize("fmt", ["q4_1", *FILE_FORMATS])
 def test_float64_product_sees_exactly_the_dequantized_weight(fmt):
     """Each value is made in float32 as gguf's reader makes it (q4_1's d * q + m, q4_k's
