@@ -14,20 +14,22 @@ and an f16 scale (llama.cpp's ggml-common.h, the `gguf` package's gguf/quants.py
 In a nibble byte j of a block, the low four bits are value j and the high four bits value j + 16;
 q5_0's and q5_1's fifth bits are one little-endian 32-bit mask, bit j value j's.
 
-Two of llama.cpp's K-quants, the types its Q4_K_M / Q6_K files hold, are kept too, as a file
-stores them (FILE_FORMATS: read from a GGUF file only; their quantizer is llama.cpp's iterative
-search, which is not reproduced here). A super-block is 256 values with f16 d (and dmin) and a
-small integer scale per group of 32 (q4_k) or 16 (q6_k) values:
+Three of llama.cpp's K-quants, the types its Q4_K_M / Q5_K_M / Q6_K files hold, are kept too,
+as a file stores them (FILE_FORMATS: read from a GGUF file only; their quantizer is llama.cpp's
+iterative search, which is not reproduced here). A super-block is 256 values with f16 d (and
+dmin) and a small integer scale per group of 32 (q4_k, q5_k) or 16 (q6_k) values:
 
 | format | per super-block of 256 values                         | a value of group g   | bytes   |
 | ------ | ------------------------------------------------------ | -------------------- | ------- |
 | q4_k   | f16 d, f16 dmin, 8 6-bit s, m (12 bytes), 128 nibbles  | (d s_g) q - dmin m_g | 144/256 |
+| q5_k   | as q4_k, and 32 bytes of fifth bits before the nibbles | (d s_g) q - dmin m_g | 176/256 |
 | q6_k   | 128 bytes of nibbles, 64 of 2-bit highs, 16 int8 s, d  | (d s_g) (q - 32)     | 210/256 |
 
 q4_k's nibble byte j of run c (32 bytes) holds value j of group 2c (low) and of group 2c + 1
-(high). In q6_k each half of 128 values has 64 bytes of nibbles (byte j: value j low, value
-64 + j high) and 32 bytes of 2-bit fields (byte j: values j, 32 + j, 64 + j, 96 + j from its low
-bits up). In memory the 6-bit s and m of q4_k are unpacked into bytes (16 instead of 12).
+(high); q5_k's fifth bits: bit g of byte j is value j of group g's. In q6_k each half of 128
+values has 64 bytes of nibbles (byte j: value j low, value 64 + j high) and 32 bytes of 2-bit
+fields (byte j: values j, 32 + j, 64 + j, 96 + j from its low bits up). In memory the 6-bit s
+and m of q4_k and q5_k are unpacked into bytes (16, not 12).
 
 Row-vector convention (notes 3.2): a Linear is y = x @ W with W (in, out). The blocks run along
 `in`, so a QuantizedWeight stores the rows of W^T, `out` rows of `in` values each, exactly as a
@@ -54,7 +56,7 @@ from autograd.tensor import Function, Tensor
 BLOCK = 32  # values per block of FORMATS
 SUPER_BLOCK = 256  # values per super-block of FILE_FORMATS
 FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # quantize() makes these
-FILE_FORMATS = ("q4_k", "q6_k")  # kept from a GGUF file's blocks (from_blocks) only
+FILE_FORMATS = ("q4_k", "q5_k", "q6_k")  # kept from a GGUF file's blocks (from_blocks) only
 KEPT = FORMATS + FILE_FORMATS  # what a QuantizedWeight holds
 WITH_MINS, WITH_HIGHS = ("q4_1", "q5_1"), ("q5_0", "q5_1")
 # a QuantizedWeight's arrays, in its fields' order (None: not this format)
@@ -70,14 +72,17 @@ def layout(fmt: str, n_in: int) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """A format's arrays for one row of `n_in` values: name -> (dtype, shape after the rows')."""
     blocks, supers = n_in // BLOCK, n_in // SUPER_BLOCK
     f16, u8 = np.dtype(np.float16), np.dtype(np.uint8)
-    if fmt == "q4_k":  # d, dmin; the 8 groups' s and m; 128 nibble bytes
-        return {
+    if fmt in ("q4_k", "q5_k"):  # d, dmin; the 8 groups' s and m; 128 nibble bytes; q5_k's bits
+        arrays = {
             "scales": (f16, (supers,)),
             "quants": (u8, (supers, 128)),
             "mins": (f16, (supers,)),
             "group_scales": (u8, (supers, 8)),
             "group_mins": (u8, (supers, 8)),
         }
+        if fmt == "q5_k":
+            arrays["highs"] = (u8, (supers, 32))
+        return arrays
     if fmt == "q6_k":  # d; 128 bytes of low nibbles, 64 of 2-bit highs; the 16 groups' s
         return {
             "scales": (f16, (supers,)),
@@ -101,9 +106,9 @@ class QuantizedWeight:
     """A frozen (in, out) weight W as blocks of its transpose's rows (module docstring).
 
     Each array has a row per output (layout(format, in) gives the rest of its shape):
-    scales: each block's (super-block's) f16 d; mins: q4_1's and q5_1's m, q4_k's dmin;
+    scales: each block's (super-block's) f16 d; mins: q4_1's and q5_1's m, q4_k's and q5_k's dmin;
     quants: q8_0's int8 q, the others' nibble bytes; highs: q5_0's and q5_1's fifth bits (uint32
-    masks), q6_k's 2-bit highs; group_scales / group_mins: a K-quant's per-group s and m.
+    masks), q5_k's fifth bits, q6_k's 2-bit highs; group_scales / group_mins: a K-quant's s, m.
     Build one with quantize(W, format), or from a GGUF tensor's raw blocks (from_blocks)."""
 
     format: str
@@ -163,7 +168,7 @@ class QuantizedWeight:
     def dequantize_rows(self, rows: Any = slice(None)) -> np.ndarray:
         """Rows of W^T (out-indices: a slice or integer ids) as float32 (len, in), with gguf's
         reader's arithmetic (gguf.quants.dequantize) in float32: d * q, d * (q - 8), d * q + m,
-        d * (q - 16); q4_k (d s_g) q - dmin m_g; q6_k (d s_g) (q - 32)."""
+        d * (q - 16); q4_k and q5_k (d s_g) q - dmin m_g; q6_k (d s_g) (q - 32)."""
         if self.format in FILE_FORMATS:
             values = self._dequantize_super_blocks(rows)
             return values.reshape(*values.shape[:-2], self.shape[0])
@@ -188,17 +193,19 @@ class QuantizedWeight:
         return values.reshape(*values.shape[:-2], self.shape[0])
 
     def _dequantize_super_blocks(self, rows: Any) -> np.ndarray:
-        """q4_k / q6_k rows -> float32 (..., super-blocks, 256)."""
+        """q4_k / q5_k / q6_k rows -> float32 (..., super-blocks, 256)."""
         d = self.scales[rows].astype(np.float32)[..., None]  # (..., supers, 1)
         group_scale = d * self.group_scales[rows].astype(np.float32)  # d s_g, exact
         q = self.quants[rows]
-        if self.format == "q4_k":  # run c of 32 bytes: group 2c low, group 2c + 1 high
+        if self.format in ("q4_k", "q5_k"):  # run c of 32 bytes: group 2c low, 2c + 1 high
             runs = q.reshape(*q.shape[:-1], 4, 32)
-            groups = bit_fields(runs, 4).reshape(*q.shape[:-1], 8, 32).astype(np.float32)
+            groups = bit_fields(runs, 4).reshape(*q.shape[:-1], 8, 32)
+            if self.format == "q5_k":  # bit g of byte j: value j of group g
+                groups = groups | (bit_fields(self.highs[rows], 1) << np.uint8(4))
             group_min = self.mins[rows].astype(np.float32)[..., None] * self.group_mins[
                 rows
             ].astype(np.float32)
-            values = group_scale[..., None] * groups - group_min[..., None]
+            values = group_scale[..., None] * groups.astype(np.float32) - group_min[..., None]
         else:  # q6_k, per half: 64 bytes of nibbles, 32 of 2-bit fields
             low = bit_fields(q.reshape(*q.shape[:-1], 2, 64), 4)  # (..., 2, 2, 64)
             high = bit_fields(self.highs[rows].reshape(*q.shape[:-1], 2, 32), 2)
@@ -219,9 +226,10 @@ class QuantizedWeight:
         def raw(array: np.ndarray) -> np.ndarray:
             return array.view(np.uint8).reshape(*array.shape[:2], -1)
 
-        if self.format == "q4_k":  # d, dmin, the packed s and m, the nibbles
-            packed = pack_k_scales(self.group_scales, self.group_mins)
-            parts = [raw(self.scales[..., None]), raw(self.mins[..., None]), packed, self.quants]
+        if self.format in ("q4_k", "q5_k"):  # d, dmin, the packed s and m, q5_k's bits, nibbles
+            packed = _pack_k_scales(self.group_scales, self.group_mins)
+            parts = [raw(self.scales[..., None]), raw(self.mins[..., None]), packed]
+            parts += [self.highs, self.quants] if self.format == "q5_k" else [self.quants]
         elif self.format == "q6_k":  # the nibbles, the 2-bit highs, s, d
             parts = [self.quants, self.highs, raw(self.group_scales), raw(self.scales[..., None])]
         else:  # d, m, the fifth bits, q
@@ -248,7 +256,7 @@ def bit_fields(packed: np.ndarray, bits: int) -> np.ndarray:
     return (packed[..., None, :] >> shifts) & np.uint8((1 << bits) - 1)
 
 
-def unpack_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _unpack_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K's and Q5_K's 12 bytes (..., 12) -> 8 scales and 8 mins of 6 bits each, uint8 (..., 8).
     Bytes 0-3 hold scales 0-3 (low 6 bits) and the top bits of scales 4-7; bytes 4-7 the same
     for the mins; bytes 8-11 the low nibbles of scales 4-7 and, above them, of mins 4-7."""
@@ -259,8 +267,8 @@ def unpack_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scales, mins
 
 
-def pack_k_scales(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
-    """unpack_k_scales' inverse: 8 scales and 8 mins below 64 (..., 8) -> (..., 12) bytes."""
+def _pack_k_scales(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
+    """_unpack_k_scales' inverse: 8 scales and 8 mins below 64 (..., 8) -> (..., 12) bytes."""
     low = [(values[..., :4] & 0x3F) | ((values[..., 4:] >> 4) << 6) for values in (scales, mins)]
     rest = (scales[..., 4:] & 0x0F) | ((mins[..., 4:] & 0x0F) << 4)
     return np.concatenate([*low, rest], axis=-1).astype(np.uint8)
@@ -384,7 +392,8 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
 
 
 BYTES_PER_BLOCK = {
-    "q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q4_k": 144, "q6_k": 210,
+    "q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24,
+    "q4_k": 144, "q5_k": 176, "q6_k": 210,
 }  # fmt: skip
 
 
@@ -408,10 +417,12 @@ def from_blocks(raw: np.ndarray, fmt: str, n_in: int) -> QuantizedWeight:
     def f16(start: int) -> np.ndarray:
         return part(start, start + 2, np.float16)[..., 0]
 
-    if fmt == "q4_k":  # d, dmin, 12 bytes of s and m, 128 of nibbles
-        group_scales, group_mins = unpack_k_scales(blocks[..., 4:16])
+    if fmt in ("q4_k", "q5_k"):  # d, dmin, 12 bytes of s and m, (q5_k: 32 of bits), 128 nibbles
+        group_scales, group_mins = _unpack_k_scales(blocks[..., 4:16])
+        nibbles = 16 if fmt == "q4_k" else 48
         return QuantizedWeight(
-            fmt, (n_in, raw.shape[0]), f16(0), part(16, 144), f16(2), None,
+            fmt, (n_in, raw.shape[0]), f16(0), part(nibbles, size), f16(2),
+            part(16, 48) if fmt == "q5_k" else None,
             np.ascontiguousarray(group_scales), np.ascontiguousarray(group_mins),
         )  # fmt: skip
     if fmt == "q6_k":  # 128 bytes of nibbles, 64 of 2-bit highs, 16 int8 s, d

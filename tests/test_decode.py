@@ -257,11 +257,11 @@ def test_past_the_first_rotary_tables_the_step_reads_the_same_angles():
             np.testing.assert_array_equal(step(np.array([token % VOCAB])), logits.data[:, -1])
 
 
-@pytest.mark.parametrize("fixture", ["llama-Q4_K.gguf", "llama-Q6_K.gguf"])
+@pytest.mark.parametrize("fixture", ["llama-Q4_K.gguf", "llama-Q5_K.gguf", "llama-Q6_K.gguf"])
 @pytest.mark.parametrize("exact", [True, False])
 def test_a_model_keeping_k_quant_blocks_steps_as_its_eager_forward(fixture, exact):
-    """A GGUF file's Q4_K / Q6_K blocks kept (quantize="gguf"): the compiled step's logits are
-    eager's bit for bit (float64), one row and two."""
+    """A GGUF file's Q4_K / Q5_K / Q6_K blocks kept (quantize="gguf"): the compiled step's
+    logits are eager's bit for bit (float64), one row and two."""
     import models
 
     path = Path(__file__).resolve().parent / "fixtures" / "gguf" / fixture

@@ -160,7 +160,7 @@ def test_quantize_float64_and_rows():
         ),
         (
             lambda: QuantizedWeight("q3_k", (256, 1), np.zeros((1, 1), np.float16), np.zeros(1)),
-            "format must be one of q8_0, .*q4_k, q6_k",
+            "format must be one of q8_0, .*q4_k, q5_k, q6_k",
         ),
         (lambda: quantize(np.ones(32), "q8_0"), "2-d float"),
         (
@@ -390,7 +390,7 @@ def test_a_quantized_model_computes_its_dequantized_twins_logits(fmt, dtype, tol
 FIXTURES = __import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "gguf"
 
 
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
 def test_gguf_blocks_kept_as_the_file_stores_them(fmt):
     import models
     from models.formats import gguf as mg
@@ -429,14 +429,14 @@ def test_a_gguf_tensor_is_quantized_a_group_of_rows_at_a_time(source, fmt, monke
 
 
 def test_a_float_tensor_kept_float_is_laid_out_as_the_float_loader_lays_it():
-    # quantize="gguf" on a Q5_K file: its Q5_K tensors are dequantized and stay float Linears,
+    # quantize="gguf" on a Q3_K file: its Q3_K tensors are dequantized and stay float Linears,
     # C-contiguous as from_pretrained's float weights (a decode step then runs their product on
     # Numba's threads; a transposed view went to BLAS's threads beside Numba's polling ones:
     # SmolLM2's Q4_K_M decode on 2 threads ran 17.6 instead of ~80 tokens/s)
     import models
 
-    kept = models.from_pretrained(FIXTURES / "llama-Q5_K.gguf", quantize="gguf")
-    floats = dict(models.from_pretrained(FIXTURES / "llama-Q5_K.gguf").named_modules())
+    kept = models.from_pretrained(FIXTURES / "llama-Q3_K.gguf", quantize="gguf")
+    floats = dict(models.from_pretrained(FIXTURES / "llama-Q3_K.gguf").named_modules())
     linears = [(n, m) for n, m in kept.named_modules() if type(m) is nn.Linear]
     assert linears  # the K tensors: the fixture's 256-wide rows
     for name, module in linears:

@@ -143,20 +143,21 @@ def _quantized_weight(rng, rows, width):
 def quantized_weight(rng, fmt, n_in, n_out):
     """A QuantizedWeight (n_in, n_out) in fmt: quantize() of normal values, or for a format read
     from files only (FILE_FORMATS), random blocks whose f16 d (and dmin) are 1 / the largest
-    integer product of a value at most (q4_k's s q 63 * 15, q6_k's s (q - 32) 128 * 32), so that
+    integer product of a value at most (q4_k's s q 63 * 15, q5_k's 63 * 31, q6_k's s (q - 32)
+    128 * 32), so that
     W's values lie within [-1, 1] as a real weight's do."""
     from autograd.quantized import FILE_FORMATS, QuantizedWeight, layout, quantize
 
     if fmt not in FILE_FORMATS:
         return quantize(rng.standard_normal((n_in, n_out)), fmt)
-    largest = {"q4_k": 63 * 15, "q6_k": 128 * 32}[fmt]
+    largest = {"q4_k": 63 * 15, "q5_k": 63 * 31, "q6_k": 128 * 32}[fmt]
     arrays = {}
     for name, (dtype, per_row) in layout(fmt, n_in).items():
         shape = (n_out, *per_row)
         if dtype == np.float16:
             arrays[name] = (rng.random(shape) / largest).astype(np.float16)
-        else:  # q4_k's s and m have 6 bits
-            top = 64 if name.startswith("group_") and fmt == "q4_k" else 256
+        else:  # q4_k's and q5_k's s and m have 6 bits
+            top = 64 if name.startswith("group_") and fmt != "q6_k" else 256
             arrays[name] = rng.integers(0, top, shape, dtype=np.uint8).view(dtype)
     return QuantizedWeight(fmt, (n_in, n_out), **arrays)
 

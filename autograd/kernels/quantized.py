@@ -1,13 +1,14 @@
 """The quantized linear's products (autograd/quantized.py): x @ W and g @ W^T, W frozen in blocks.
 
 W (in, out) is stored as the blocks of W^T's rows (llama.cpp's q8_0, q4_0, q4_1, q5_0, q5_1: 32
-values of one row, an f16 scale d, q4_1 and q5_1 an f16 minimum m; q4_k and q6_k: super-blocks
-of 256 values, f16 d (and dmin), an integer s (and m) per group of 32 or 16). Each value is
+values of one row, an f16 scale d, q4_1 and q5_1 an f16 minimum m; q4_k, q5_k and q6_k:
+super-blocks of 256 values, f16 d (and dmin), an integer s (and m) per group of 32 or 16). Each
+value is
 
     q8_0: d * q     q4_0: d * (q - 8)     q4_1, q5_1: d * q + m     q5_0: d * (q - 16)
-    q4_k: (d s_g) * q - dmin m_g          q6_k: (d s_g) * (q - 32)
-    (in float32, as gguf reads; a q5's q is a nibble and one bit of the block's 32-bit mask,
-    q6_k's a nibble and a 2-bit field)
+    q4_k, q5_k: (d s_g) * q - dmin m_g    q6_k: (d s_g) * (q - 32)
+    (in float32, as gguf reads; a q5's q is a nibble and one bit of the block's 32-bit mask or
+    of q5_k's highs, q6_k's a nibble and a 2-bit field)
 
 - quantized_matmul(x, weight):  x (N, in) @ W -> (N, out)
 - quantized_matmul_t(g, weight): g (N, out) @ W^T -> (N, in)   (the VJP for x)
@@ -204,29 +205,66 @@ def _matvec_q4_1(x, scales, mins, quants, table, ahead, out):
         out[r] = lanes.sum()
 
 
+@njit(cache=True, nogil=True)
+def _group_pair(d, dmin, group_scales, group_mins, r, g):
+    """q4_k's and q5_k's d s and dmin m of groups g and g + 1 of row r: exact in float32 (an
+    11-bit d times a 6-bit integer)."""
+    return (
+        d * np.float32(group_scales[r, g]),
+        d * np.float32(group_scales[r, g + 1]),
+        dmin * np.float32(group_mins[r, g]),
+        dmin * np.float32(group_mins[r, g + 1]),
+    )
+
+
 @_kernel
 def _matvec_q4_k(x, scales, mins, group_scales, group_mins, quants, table, ahead, out):
-    # d s_g and dmin m_g are exact in float32 (an 11-bit d times a 6-bit integer), so is
-    # (d s_g) q (21 bits): one FMA rounds once, as gguf's (d s_g) q - dmin m_g does. Byte j of
-    # run c holds value j of group 2c (low nibble) and of group 2c + 1 (high)
+    # (d s_g) q is exact in float32 (21 bits): one FMA rounds once, as gguf's (d s_g) q - dmin m_g
+    # does. Byte j of run c holds value j of group 2c (low nibble) and of group 2c + 1 (high)
     for r in prange(quants.shape[0]):
         _prefetch_row(quants, r, ahead)
         lanes = np.zeros(64, x.dtype)
         for k in range(scales.shape[1]):
             d, dmin = table[scales[r, k]], table[mins[r, k]]
             for c in range(4):
-                g = 8 * k + 2 * c
-                s_low, s_high = (
-                    d * np.float32(group_scales[r, g]),
-                    d * np.float32(group_scales[r, g + 1]),
-                )
-                m_low, m_high = (
-                    dmin * np.float32(group_mins[r, g]),
-                    dmin * np.float32(group_mins[r, g + 1]),
+                s_low, s_high, m_low, m_high = _group_pair(
+                    d, dmin, group_scales, group_mins, r, 8 * k + 2 * c
                 )
                 at = 256 * k + 64 * c
                 for j in range(32):
                     low, high = _nibbles(quants[r, 128 * k + 32 * c + j])
+                    lanes[j] += x[at + j] * (s_low * np.float32(low) - m_low)
+                    lanes[32 + j] += x[at + 32 + j] * (s_high * np.float32(high) - m_high)
+        out[r] = lanes.sum()
+
+
+@njit(cache=True, nogil=True)
+def _fifth_bits(quants, highs, r, k, c, j):
+    """q5_k's two q of byte j of run c of super-block k in row r (values j of groups 2c and
+    2c + 1): the nibbles, and bits 2c and 2c + 1 of highs byte j above them, as int32."""
+    low, high = _nibbles(quants[r, 128 * k + 32 * c + j])
+    fifth = np.int32(highs[r, 32 * k + j])
+    low_bit = np.int32(np.int32(fifth >> np.int32(2 * c)) & np.int32(1))
+    high_bit = np.int32(np.int32(fifth >> np.int32(2 * c + 1)) & np.int32(1))
+    return np.int32(low | np.int32(low_bit << 4)), np.int32(high | np.int32(high_bit << 4))
+
+
+@_kernel
+def _matvec_q5_k(x, scales, mins, group_scales, group_mins, highs, quants, table, ahead, out):
+    # q4_k's values with a fifth bit: bit g of highs byte j is value j of group g's (each step in
+    # int32, as _six); (d s_g) q is exact (22 bits), so one FMA rounds once, as in q4_k
+    for r in prange(quants.shape[0]):
+        _prefetch_row(quants, r, ahead)
+        lanes = np.zeros(64, x.dtype)
+        for k in range(scales.shape[1]):
+            d, dmin = table[scales[r, k]], table[mins[r, k]]
+            for c in range(4):
+                s_low, s_high, m_low, m_high = _group_pair(
+                    d, dmin, group_scales, group_mins, r, 8 * k + 2 * c
+                )
+                at = 256 * k + 64 * c
+                for j in range(32):
+                    low, high = _fifth_bits(quants, highs, r, k, c, j)
                     lanes[j] += x[at + j] * (s_low * np.float32(low) - m_low)
                     lanes[32 + j] += x[at + 32 + j] * (s_high * np.float32(high) - m_high)
         out[r] = lanes.sum()
@@ -285,11 +323,11 @@ def _matvec_q6_k(x, scales, group_scales, quants, highs, table, ahead, out):
 
 def _flat_k(weight):
     """The K-quant kernels' view: f16 bits (out, super-blocks) of d (and dmin), the groups' s
-    (and m) (out, groups), the quants and q6_k's highs as (out, bytes)."""
+    (and m) (out, groups), the quants and q5_k's and q6_k's highs as (out, bytes)."""
     n_out = weight.shape[1]
     flat = {name: a.reshape(n_out, -1) for name, a in weight.arrays().items()}
     flat["scales"] = weight.scales.view(np.uint16)
-    if weight.format == "q4_k":
+    if weight.mins is not None:  # q4_k's and q5_k's dmin
         flat["mins"] = weight.mins.view(np.uint16)
     return flat
 
@@ -306,9 +344,14 @@ def _flat(weight):
 def _matvec(x, weight, out):
     work = weight.shape[0] * weight.shape[1]
     ahead = max(1, PREFETCH_BYTES // (weight.quants.nbytes // weight.shape[1]))
-    if weight.format in ("q4_k", "q6_k"):
+    if weight.format in ("q4_k", "q5_k", "q6_k"):
         a = _flat_k(weight)
-        if weight.format == "q4_k":
+        if weight.format == "q5_k":
+            _matvec_q5_k(
+                work, x, a["scales"], a["mins"], a["group_scales"], a["group_mins"], a["highs"],
+                a["quants"], F16_TO_F32, ahead, out,
+            )  # fmt: skip
+        elif weight.format == "q4_k":
             _matvec_q4_k(
                 work, x, a["scales"], a["mins"], a["group_scales"], a["group_mins"], a["quants"],
                 F16_TO_F32, ahead, out,
@@ -400,17 +443,27 @@ def _dequantize_q4_k(scales, mins, group_scales, group_mins, quants, table, star
         for k in range(scales.shape[1]):
             d, dmin = table[scales[r, k]], table[mins[r, k]]
             for c in range(4):
-                g = 8 * k + 2 * c
-                s_low, s_high = (
-                    d * np.float32(group_scales[r, g]),
-                    d * np.float32(group_scales[r, g + 1]),
-                )
-                m_low, m_high = (
-                    dmin * np.float32(group_mins[r, g]),
-                    dmin * np.float32(group_mins[r, g + 1]),
+                s_low, s_high, m_low, m_high = _group_pair(
+                    d, dmin, group_scales, group_mins, r, 8 * k + 2 * c
                 )
                 for j in range(32):
                     low, high = _nibbles(quants[r, 128 * k + 32 * c + j])
+                    tile[i, 256 * k + 64 * c + j] = s_low * np.float32(low) - m_low
+                    tile[i, 256 * k + 64 * c + 32 + j] = s_high * np.float32(high) - m_high
+
+
+@Kernel
+def _dequantize_q5_k(scales, mins, group_scales, group_mins, highs, quants, table, start, tile):
+    for i in prange(tile.shape[0]):
+        r = start + i
+        for k in range(scales.shape[1]):
+            d, dmin = table[scales[r, k]], table[mins[r, k]]
+            for c in range(4):
+                s_low, s_high, m_low, m_high = _group_pair(
+                    d, dmin, group_scales, group_mins, r, 8 * k + 2 * c
+                )
+                for j in range(32):
+                    low, high = _fifth_bits(quants, highs, r, k, c, j)
                     tile[i, 256 * k + 64 * c + j] = s_low * np.float32(low) - m_low
                     tile[i, 256 * k + 64 * c + 32 + j] = s_high * np.float32(high) - m_high
 
@@ -442,9 +495,14 @@ def _dequantize_q6_k(scales, group_scales, quants, highs, table, start, tile):
 def _dequantize_tile(weight, start, tile, work):
     """tile[i] = row start + i of W^T, in the tile's dtype (a float32 value, then converted);
     work: the Kernel's measure of it (0 runs it on this thread)."""
-    if weight.format in ("q4_k", "q6_k"):
+    if weight.format in ("q4_k", "q5_k", "q6_k"):
         a = _flat_k(weight)
-        if weight.format == "q4_k":
+        if weight.format == "q5_k":
+            _dequantize_q5_k(
+                work, a["scales"], a["mins"], a["group_scales"], a["group_mins"], a["highs"],
+                a["quants"], F16_TO_F32, start, tile,
+            )  # fmt: skip
+        elif weight.format == "q4_k":
             _dequantize_q4_k(
                 work, a["scales"], a["mins"], a["group_scales"], a["group_mins"],
                 a["quants"], F16_TO_F32, start, tile,

@@ -1,19 +1,17 @@
-"""ggml's K-quants Q2_K, Q3_K and Q5_K, read as floats.
+"""ggml's K-quants Q2_K and Q3_K, read as floats.
 
 The formats are llama.cpp's (ggml-common.h); the arithmetic is the gguf package's reader's
 (gguf/quants.py, which transformers' GGUF loader uses), step for step in float32, so the values
 are the same bits (tests/test_gguf.py holds them equal on random blocks and on every fixture).
 The formats glassgrad can also keep as blocks and multiply by (the 32-value Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1 and the K-quants Q4_K and Q6_K) live in autograd/quantized.py, as do the bit fields
-and the 6-bit scales this file shares with them.
+Q5_0, Q5_1 and the K-quants Q4_K, Q5_K and Q6_K) live in autograd/quantized.py, as do the bit
+fields this file shares with them.
 
 | type | values / block | bytes | a value (q: the stored integer of the value)             |
 | ---- | -------------: | ----: | -------------------------------------------------------- |
 | q2_k | 256            | 84    | d * s_j * q - dmin * m_j; 2-bit q, 16 groups, 4-bit s, m |
 | q3_k | 256            | 110   | d * (s_j - 32) * (q - 4 h); 2-bit q, h its inverted top   |
 |      |                |       | bit; 16 groups, 6-bit s                                  |
-| q5_k | 256            | 176   | d * s_j * q - dmin * m_j; 5-bit q (a nibble and a bit),  |
-|      |                |       | 8 groups, 6-bit s, m (as q4_k's)                         |
 
 Each dequantizer takes (n, bytes a block) uint8 and returns (n, values a block) float32.
 """
@@ -24,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from autograd.quantized import bit_fields, unpack_k_scales
+from autograd.quantized import bit_fields
 
 
 def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
@@ -67,18 +65,7 @@ def q3_k(blocks: np.ndarray) -> np.ndarray:
     return (scale * q).reshape(n, 256)
 
 
-def q5_k(blocks: np.ndarray) -> np.ndarray:
-    n = blocks.shape[0]
-    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
-    scales, mins = (v.astype(np.float32)[..., None] for v in unpack_k_scales(blocks[:, 4:16]))
-    scale, minimum = (d[:, :, None] * scales), (dmin[:, :, None] * mins)
-    low = _nibbles(blocks[:, 48:176], 32).reshape(n, 8, 32)
-    high = bit_fields(blocks[:, 16:48].reshape(n, 1, 32), 1).reshape(n, 8, 32)  # bit j: group j
-    q = (low | (high << np.uint8(4))).astype(np.float32)
-    return (scale * q - minimum).reshape(n, 256)
-
-
 # ggml's type name -> its dequantizer
 DEQUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "Q2_K": q2_k, "Q3_K": q3_k, "Q5_K": q5_k,
+    "Q2_K": q2_k, "Q3_K": q3_k,
 }  # fmt: skip

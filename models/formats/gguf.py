@@ -3,8 +3,8 @@
 One home for reading GGUF: the metadata as a dict of plain Python values (read_metadata), the
 tensors' infos, and each tensor dequantized to a requested dtype. The header itself is read by
 gguf_header.py (gguf's own GGUFReader costs ~170 MB on a real vocabulary). F32, F16, BF16, the
-block formats glassgrad keeps (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K: autograd.quantized) and
-the other K-quants (Q2_K, Q3_K, Q5_K: ggml_blocks.py) are dequantized here, with the arithmetic
+block formats glassgrad keeps (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: autograd.quantized)
+and the other K-quants (Q2_K, Q3_K: ggml_blocks.py) are dequantized here, with the arithmetic
 of gguf.quants.dequantize (the code transformers uses; tests hold them bit-equal); the rarer types
 (the IQ types, TQ, MXFP4, ...) by gguf.quants itself, so only files of those need the optional
 `gguf` package (`pip install glassgrad[gguf]`).
@@ -391,7 +391,7 @@ def load(
 
     quantize: None (every weight in dtype), a format of autograd.quantized.FORMATS (every Linear
     weight and a tied embedding quantized as it is read) or "gguf" (those weights keep the file's
-    own Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or Q6_K blocks, never dequantized; of another type
+    own Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K blocks, never dequantized; of another type
     they are dequantized to dtype). The float weights the quantized ones replace are never allocated
     (QuantizedLoading)."""
     from autograd import get_default_dtype
