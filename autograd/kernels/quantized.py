@@ -217,42 +217,30 @@ def _group_pair(d, dmin, group_scales, group_mins, r, g):
     )
 
 
-@_kernel
-def _matvec_q4_k(x, scales, mins, group_scales, group_mins, quants, table, ahead, out):
-    # (d s_g) q is exact in float32 (21 bits): one FMA rounds once, as gguf's (d s_g) q - dmin m_g
-    # does. Byte j of run c holds value j of group 2c (low nibble) and of group 2c + 1 (high)
-    for r in prange(quants.shape[0]):
-        _prefetch_row(quants, r, ahead)
-        lanes = np.zeros(64, x.dtype)
-        for k in range(scales.shape[1]):
-            d, dmin = table[scales[r, k]], table[mins[r, k]]
-            for c in range(4):
-                s_low, s_high, m_low, m_high = _group_pair(
-                    d, dmin, group_scales, group_mins, r, 8 * k + 2 * c
-                )
-                at = 256 * k + 64 * c
-                for j in range(32):
-                    low, high = _nibbles(quants[r, 128 * k + 32 * c + j])
-                    lanes[j] += x[at + j] * (s_low * np.float32(low) - m_low)
-                    lanes[32 + j] += x[at + 32 + j] * (s_high * np.float32(high) - m_high)
-        out[r] = lanes.sum()
-
-
 @njit(cache=True, nogil=True)
-def _fifth_bits(quants, highs, r, k, c, j):
-    """q5_k's two q of byte j of run c of super-block k in row r (values j of groups 2c and
-    2c + 1): the nibbles, and bits 2c and 2c + 1 of highs byte j above them, as int32."""
+def _k_pair(quants, highs, five, r, k, c, j):
+    """q4_k's (five False) or q5_k's two q of byte j of run c of super-block k in row r, values j
+    of groups 2c and 2c + 1: the nibbles and, for q5_k, bits 2c and 2c + 1 of highs byte j above
+    them (bit g of byte j is value j of group g's), as int32 (each step cast back, as _six)."""
     low, high = _nibbles(quants[r, 128 * k + 32 * c + j])
+    if not five:
+        return low, high
     fifth = np.int32(highs[r, 32 * k + j])
     low_bit = np.int32(np.int32(fifth >> np.int32(2 * c)) & np.int32(1))
     high_bit = np.int32(np.int32(fifth >> np.int32(2 * c + 1)) & np.int32(1))
     return np.int32(low | np.int32(low_bit << 4)), np.int32(high | np.int32(high_bit << 4))
 
 
+NO_HIGHS = np.zeros((1, 1), np.uint8)  # q4_k's highs for the kernels it shares with q5_k
+
+
 @_kernel
-def _matvec_q5_k(x, scales, mins, group_scales, group_mins, highs, quants, table, ahead, out):
-    # q4_k's values with a fifth bit: bit g of highs byte j is value j of group g's (each step in
-    # int32, as _six); (d s_g) q is exact (22 bits), so one FMA rounds once, as in q4_k
+def _matvec_q4_k_q5_k(
+    x, scales, mins, group_scales, group_mins, highs, five, quants, table, ahead, out
+):
+    # (d s_g) q is exact in float32 (at most 22 bits): one FMA rounds once, as gguf's
+    # (d s_g) q - dmin m_g does. Byte j of run c holds value j of group 2c (low nibble) and of
+    # group 2c + 1 (high); q5_k (five) adds a fifth bit from highs
     for r in prange(quants.shape[0]):
         _prefetch_row(quants, r, ahead)
         lanes = np.zeros(64, x.dtype)
@@ -264,7 +252,7 @@ def _matvec_q5_k(x, scales, mins, group_scales, group_mins, highs, quants, table
                 )
                 at = 256 * k + 64 * c
                 for j in range(32):
-                    low, high = _fifth_bits(quants, highs, r, k, c, j)
+                    low, high = _k_pair(quants, highs, five, r, k, c, j)
                     lanes[j] += x[at + j] * (s_low * np.float32(low) - m_low)
                     lanes[32 + j] += x[at + 32 + j] * (s_high * np.float32(high) - m_high)
         out[r] = lanes.sum()
@@ -291,6 +279,18 @@ def _six(quants, highs, r, k, half, j):
     )  # fmt: skip
 
 
+@njit(cache=True, nogil=True)
+def _quarter_scales(d, group_scales, r, g):
+    """q6_k's d s of groups g, g + 2, g + 4, g + 6 of row r (one in each quarter of a half, for
+    its bytes 0-15 or 16-31): exact in float32 (an 11-bit d times an int8)."""
+    return (
+        d * np.float32(group_scales[r, g]),
+        d * np.float32(group_scales[r, g + 2]),
+        d * np.float32(group_scales[r, g + 4]),
+        d * np.float32(group_scales[r, g + 6]),
+    )
+
+
 @_kernel
 def _matvec_q6_k(x, scales, group_scales, quants, highs, table, ahead, out):
     # (d s_g) (q - 32): d s_g is exact (an 11-bit d times an int8), q - 32 too; their product
@@ -304,14 +304,7 @@ def _matvec_q6_k(x, scales, group_scales, quants, highs, table, ahead, out):
                 at = 256 * k + 128 * half
                 for part in range(2):  # bytes 0-15, then 16-31: one group in each quarter
                     g = 16 * k + 8 * half + part
-                    s0, s1 = (
-                        d * np.float32(group_scales[r, g]),
-                        d * np.float32(group_scales[r, g + 2]),
-                    )
-                    s2, s3 = (
-                        d * np.float32(group_scales[r, g + 4]),
-                        d * np.float32(group_scales[r, g + 6]),
-                    )
+                    s0, s1, s2, s3 = _quarter_scales(d, group_scales, r, g)
                     for j in range(16 * part, 16 * part + 16):
                         q0, q1, q2, q3 = _six(quants, highs, r, k, half, j)
                         lanes[j] += x[at + j] * (s0 * q0)
@@ -346,15 +339,11 @@ def _matvec(x, weight, out):
     ahead = max(1, PREFETCH_BYTES // (weight.quants.nbytes // weight.shape[1]))
     if weight.format in ("q4_k", "q5_k", "q6_k"):
         a = _flat_k(weight)
-        if weight.format == "q5_k":
-            _matvec_q5_k(
-                work, x, a["scales"], a["mins"], a["group_scales"], a["group_mins"], a["highs"],
-                a["quants"], F16_TO_F32, ahead, out,
-            )  # fmt: skip
-        elif weight.format == "q4_k":
-            _matvec_q4_k(
-                work, x, a["scales"], a["mins"], a["group_scales"], a["group_mins"], a["quants"],
-                F16_TO_F32, ahead, out,
+        if weight.format in ("q4_k", "q5_k"):
+            _matvec_q4_k_q5_k(
+                work, x, a["scales"], a["mins"], a["group_scales"], a["group_mins"],
+                a.get("highs", NO_HIGHS), weight.format == "q5_k", a["quants"], F16_TO_F32,
+                ahead, out,
             )  # fmt: skip
         else:
             _matvec_q6_k(
@@ -437,7 +426,9 @@ def _dequantize_q5_1(scales, mins, highs, quants, table, start, tile):
 
 
 @Kernel
-def _dequantize_q4_k(scales, mins, group_scales, group_mins, quants, table, start, tile):
+def _dequantize_q4_k_q5_k(
+    scales, mins, group_scales, group_mins, highs, five, quants, table, start, tile
+):
     for i in prange(tile.shape[0]):
         r = start + i
         for k in range(scales.shape[1]):
@@ -447,23 +438,7 @@ def _dequantize_q4_k(scales, mins, group_scales, group_mins, quants, table, star
                     d, dmin, group_scales, group_mins, r, 8 * k + 2 * c
                 )
                 for j in range(32):
-                    low, high = _nibbles(quants[r, 128 * k + 32 * c + j])
-                    tile[i, 256 * k + 64 * c + j] = s_low * np.float32(low) - m_low
-                    tile[i, 256 * k + 64 * c + 32 + j] = s_high * np.float32(high) - m_high
-
-
-@Kernel
-def _dequantize_q5_k(scales, mins, group_scales, group_mins, highs, quants, table, start, tile):
-    for i in prange(tile.shape[0]):
-        r = start + i
-        for k in range(scales.shape[1]):
-            d, dmin = table[scales[r, k]], table[mins[r, k]]
-            for c in range(4):
-                s_low, s_high, m_low, m_high = _group_pair(
-                    d, dmin, group_scales, group_mins, r, 8 * k + 2 * c
-                )
-                for j in range(32):
-                    low, high = _fifth_bits(quants, highs, r, k, c, j)
+                    low, high = _k_pair(quants, highs, five, r, k, c, j)
                     tile[i, 256 * k + 64 * c + j] = s_low * np.float32(low) - m_low
                     tile[i, 256 * k + 64 * c + 32 + j] = s_high * np.float32(high) - m_high
 
@@ -478,14 +453,7 @@ def _dequantize_q6_k(scales, group_scales, quants, highs, table, start, tile):
                 at = 256 * k + 128 * half
                 for part in range(2):
                     g = 16 * k + 8 * half + part
-                    s0, s1 = (
-                        d * np.float32(group_scales[r, g]),
-                        d * np.float32(group_scales[r, g + 2]),
-                    )
-                    s2, s3 = (
-                        d * np.float32(group_scales[r, g + 4]),
-                        d * np.float32(group_scales[r, g + 6]),
-                    )
+                    s0, s1, s2, s3 = _quarter_scales(d, group_scales, r, g)
                     for j in range(16 * part, 16 * part + 16):
                         q0, q1, q2, q3 = _six(quants, highs, r, k, half, j)
                         tile[i, at + j], tile[i, at + 32 + j] = s0 * q0, s1 * q1
@@ -497,15 +465,11 @@ def _dequantize_tile(weight, start, tile, work):
     work: the Kernel's measure of it (0 runs it on this thread)."""
     if weight.format in ("q4_k", "q5_k", "q6_k"):
         a = _flat_k(weight)
-        if weight.format == "q5_k":
-            _dequantize_q5_k(
-                work, a["scales"], a["mins"], a["group_scales"], a["group_mins"], a["highs"],
-                a["quants"], F16_TO_F32, start, tile,
-            )  # fmt: skip
-        elif weight.format == "q4_k":
-            _dequantize_q4_k(
+        if weight.format in ("q4_k", "q5_k"):
+            _dequantize_q4_k_q5_k(
                 work, a["scales"], a["mins"], a["group_scales"], a["group_mins"],
-                a["quants"], F16_TO_F32, start, tile,
+                a.get("highs", NO_HIGHS), weight.format == "q5_k", a["quants"], F16_TO_F32,
+                start, tile,
             )  # fmt: skip
         else:
             _dequantize_q6_k(
