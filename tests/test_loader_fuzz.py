@@ -634,7 +634,13 @@ def gguf_value(path: Path, key: str) -> tuple[int, int]:
 @given(data=st.data())
 def test_gguf_files_with_corrupted_metadata(data):
     pytest.importorskip("gguf")
-    files = [GGUF / "llama-F32.gguf", GGUF / "qwen2-F16.gguf", *GGUF_TOKENIZERS.glob("*.gguf")]
+    blocks = [GGUF / f"llama-{kind}.gguf" for kind in ("Q4_1", "Q4_K", "Q5_K", "Q6_K")]
+    files = [
+        GGUF / "llama-F32.gguf",
+        GGUF / "qwen2-F16.gguf",
+        *blocks,
+        *GGUF_TOKENIZERS.glob("*.gguf"),
+    ]
     source = data.draw(st.sampled_from(sorted(files)), "file")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / source.name
@@ -660,8 +666,11 @@ def test_gguf_files_with_corrupted_metadata(data):
             value = data.draw(st.sampled_from([0, 2**32 - 1, 3, 2**31]), "value")
             raw[offset : offset + size] = value.to_bytes(8, "little")[:size]
         path.write_bytes(bytes(raw))
+        quantize = data.draw(st.sampled_from([None, "gguf"]), "quantize")  # blocks kept or not
         load = (
-            BPETokenizer.from_pretrained if "tokenizers" in str(source) else models.from_pretrained
+            BPETokenizer.from_pretrained
+            if "tokenizers" in str(source)
+            else lambda p: models.from_pretrained(p, quantize=quantize)
         )
         _, error = outcome(path.parent, lambda: load(path))
         if error is not None:
