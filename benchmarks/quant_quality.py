@@ -100,22 +100,29 @@ def _copy_bandwidth() -> float:
 
 
 def bandwidth(n_in: int = 576, n_out: int = 49152, repeats: int = 15) -> list[str]:
-    """Lines: the copy's bandwidth, then each format's decode product in GB/s of its blocks."""
+    """Lines: the copy's bandwidth, then each format's decode product in GB/s of its blocks. The
+    K-quants (read from files only) take random blocks, 768 values a row (whole super-blocks)."""
     from autograd.kernels import quantized as kernels
-    from autograd.quantized import FORMATS, quantize
+    from autograd.kernels.examples import quantized_weight
+    from autograd.quantized import FILE_FORMATS, KEPT, quantize
 
     rng = np.random.default_rng(0)
     lines = [f"np.copyto 1 GiB: {_copy_bandwidth() / 1e9:.1f} GB/s copied (read + write: twice)"]
     w = rng.standard_normal((n_in, n_out)).astype(np.float32)
-    x = rng.standard_normal((1, n_in)).astype(np.float32)
-    for fmt in FORMATS:
-        q = quantize(w, fmt)
+    for fmt in KEPT:
+        if fmt in FILE_FORMATS:
+            q = quantized_weight(rng, fmt, 768, n_out)
+        else:
+            q = quantize(w, fmt)
+        x = rng.standard_normal((1, q.shape[0])).astype(np.float32)
         kernels.quantized_matmul_numba(x, q)  # compiled (or loaded) before timing
-        t = _best(lambda q=q: kernels.quantized_matmul_numba(x, q), repeats)
+        t = _best(lambda q=q, x=x: kernels.quantized_matmul_numba(x, q), repeats)
         lines.append(
-            f"{fmt}: x (1, {n_in}) @ W ({n_in}, {n_out}), {q.nbytes / 1e6:.1f} MB of blocks in "
-            f"{t * 1e3:.2f} ms: {q.nbytes / t / 1e9:.1f} GB/s"
+            f"{fmt}: x (1, {q.shape[0]}) @ W {q.shape}, {q.nbytes / 1e6:.1f} MB of blocks in "
+            f"{t * 1e3:.2f} ms: {q.nbytes / t / 1e9:.1f} GB/s, "
+            f"{q.shape[0] * n_out / t / 1e9:.1f} G values/s"
         )
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
     t = _best(lambda: x @ w, repeats)
     lines.append(
         f"float32 BLAS, {w.nbytes / 1e6:.0f} MB in {t * 1e3:.2f} ms: {w.nbytes / t / 1e9:.1f} GB/s"
