@@ -158,7 +158,8 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the blocks: what a GGUF file of this format holds for the tensor."""
+        """Bytes of the arrays: what a GGUF file of this format holds for the tensor (q4_k and
+        q5_k: 4 more a super-block, their 6-bit s and m unpacked into bytes)."""
         return sum(a.nbytes for a in self.arrays().values())
 
     def arrays(self) -> dict[str, np.ndarray]:

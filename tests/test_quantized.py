@@ -402,7 +402,10 @@ def test_gguf_blocks_kept_as_the_file_stores_them(fmt):
     assert isinstance(layer.mlp.up_proj, nn.QuantizedLinear)
     assert layer.mlp.up_proj.weight.format == fmt.lower()
     raw = {t.name: t for t in mg.open_reader(path).tensors}["blk.0.ffn_up.weight"]
-    np.testing.assert_array_equal(layer.mlp.up_proj.weight.blocks(), np.asarray(raw.data))
+    up = layer.mlp.up_proj.weight
+    np.testing.assert_array_equal(up.blocks(), np.asarray(raw.data))
+    unpacked = 4 * up.scales.size if fmt in ("Q4_K", "Q5_K") else 0  # 6-bit s, m as bytes
+    assert up.nbytes == np.asarray(raw.data).nbytes + unpacked
     np.testing.assert_array_equal(  # q's rows unpermuted, block rows and all
         layer.self_attn.q_proj.weight.dequantize(),
         reference.model.layers[0].self_attn.q_proj.weight.data,
