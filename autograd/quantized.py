@@ -383,7 +383,8 @@ def quantize(weight: Any, fmt: str) -> QuantizedWeight:
                 f"quantize({fmt}): weight {w.shape} holds {values[row, col]} at "
                 f"[{col}, {start + row}]; only finite values can be quantized"
             )
-        d, quants[part], m, h = kernels.quantize_rows(values, fmt)
+        with kernels.serially():  # a load must not start Numba's workers (start_threads)
+            d, quants[part], m, h = kernels.quantize_rows(values, fmt)
         scales[part] = d.astype(np.float16)
         if mins is not None:
             mins[part] = m.astype(np.float16)

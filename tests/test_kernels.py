@@ -434,6 +434,24 @@ def test_start_threads_spin_is_chosen_once_and_leaves_the_environment():
         _common.start_threads("busy")
 
 
+def test_quantizing_a_weight_leaves_numba_s_threads_unstarted():
+    # a model loaded with quantize="q8_0" ran the quantizer's parallel build, which started
+    # Numba's workers asleep; the decode step built next could no longer have them poll (SmolLM2
+    # Q8_0 on 2 threads: 45 instead of ~70 tokens/s). The quantizer runs serially (kernels.serially)
+    code = """
+        import json
+        import numpy as np
+        import autograd.kernels as K
+        from autograd.quantized import quantize
+        quantize(np.random.default_rng(0).standard_normal((1024, 512)), "q8_0")  # > 2^17 values
+        started = dict(K._common._STARTED)
+        print(json.dumps([started, K.start_threads("spin")]))
+    """
+    out = run_python(code, OMP_WAIT_POLICY=None, GOMP_SPINCOUNT=None, NUMBA_THREADING_LAYER=None)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [{}, "spin"]
+
+
 def test_threads_sleep_when_another_openmp_runtime_was_loaded_first():
     # torch imported first brings its own libgomp, set up without the passive wait policy:
     # Numba must not run its loops on it (they would spin), so start_threads picks the workqueue

@@ -432,31 +432,26 @@ class ShardedPlan:
     def _run_shard(self, s: int, args: tuple, timed: list | None = None) -> None:
         rows = slice(s * self.rows, (s + 1) * self.rows)
         plan = self.shards[s]
-        _common.THIS_THREAD.serial = True
         try:
-            plan.load(tuple(a[rows] if isinstance(a, np.ndarray) else a for a in args))
-            if timed is None:
-                plan.run()
-            else:
-                for step in plan.program:
-                    start = time.perf_counter()
-                    step()
-                    timed.append(time.perf_counter() - start)
+            with _common.serially():
+                plan.load(tuple(a[rows] if isinstance(a, np.ndarray) else a for a in args))
+                if timed is None:
+                    plan.run()
+                else:
+                    for step in plan.program:
+                        start = time.perf_counter()
+                        step()
+                        timed.append(time.perf_counter() - start)
         except BaseException:
             if self.hand_offs is not None:
                 self.hand_offs.abort()
             raise
-        finally:
-            _common.THIS_THREAD.serial = False
 
     @staticmethod
     def _serially(fn: Callable, *args: Any) -> None:
         """fn(*args) with this thread's kernels in their serial builds (no Numba threads)."""
-        _common.THIS_THREAD.serial = True
-        try:
+        with _common.serially():
             fn(*args)
-        finally:
-            _common.THIS_THREAD.serial = False
 
     def _add_gradients(self, part: int) -> None:
         """Thread `part` adds its 1/n of every other shard's gradients into the real ones."""

@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from . import examples  # numpy only, like _common: importing them does not import Numba
-from ._common import start_threads
+from ._common import serially, start_threads
 
 BACKENDS = ("numba", "numpy")
 
@@ -283,6 +283,7 @@ __all__ = [
     "set_backend",
     "use_backend",
     "get_kernel",
+    "serially",
     "start_threads",
     "quantized_matmul_into",
     *KERNELS,

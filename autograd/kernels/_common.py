@@ -6,6 +6,7 @@ Importing this module never imports Numba; building the first `Kernel` does.
 import os
 import threading
 import types
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -62,6 +63,19 @@ class _ThisThread(threading.local):
 
 
 THIS_THREAD = _ThisThread()
+
+
+@contextmanager
+def serially():
+    """The kernels called on this thread inside the block run their serial builds: no Numba
+    thread is started or woken (a batch-sharded step's threads; a model's load, which must not
+    start Numba's workers before a decode step asks them to poll, see start_threads)."""
+    before = THIS_THREAD.serial
+    THIS_THREAD.serial = True
+    try:
+        yield
+    finally:
+        THIS_THREAD.serial = before
 
 
 class Kernel:
