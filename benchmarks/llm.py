@@ -170,6 +170,7 @@ def worker_glassgrad(
     from threadpoolctl import threadpool_info
 
     import models
+    from autograd.kernels import start_threads
 
     start = time.perf_counter()
     net = models.from_pretrained(model, quantize=quantize)
@@ -183,6 +184,9 @@ def worker_glassgrad(
 
     figures = _measure(generate, new, reps)
     blas = [f"{i['internal_api']} {i.get('architecture')}" for i in threadpool_info()]
+    # how Numba's workers waited: a compiled decode wants them polling (docs/decoding.md), and a
+    # parallel kernel run before its step (a load's, once) had them sleep instead
+    blas.append(f"numba workers {start_threads()}")
     parameters = sum(p.data.size for p in net.parameters())
     # the bytes a token reads: float parameters plus the quantized blocks (each table once)
     blocks = {id(m.weight): m.weight.nbytes for m in net.modules() if quantized(m)}
