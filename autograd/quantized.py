@@ -401,7 +401,7 @@ BYTES_PER_BLOCK = {
 
 def from_blocks(raw: np.ndarray, fmt: str, n_in: int) -> QuantizedWeight:
     """A QuantizedWeight from a GGUF tensor's raw blocks: (rows, bytes per row) uint8, each row
-    one output's `n_in` values (the file's ne0), nothing dequantized (q4_k's packed 6-bit s and m
+    one output's `n_in` values (the file's ne0), nothing dequantized (q4_k's and q5_k's 6-bit s, m
     are unpacked into bytes). The arrays are copies, so the file can be closed."""
     _check_format(fmt, "from_blocks", KEPT)
     _check_blocks(n_in, f"from_blocks({fmt})", (n_in, raw.shape[0]), fmt)
