@@ -19,7 +19,9 @@ cache, the end-of-text token ignored:
     decode   = new / (time to 1 + new tokens - prefill)          tokens per second
 
 Rows: glassgrad (float32 weights; eager, and with the compiled decode step of
-models/architectures/decoding.py: generate(compiled=True)), HF transformers (float32, PyTorch
+models/architectures/decoding.py: generate(compiled=True); glassgrad-q8_0 / -gguf: Linear weights
+quantized to Q8_0 / the file's own blocks; -int8: those times int8 activations, as llama.cpp
+multiplies, generate(compiled="int8")), HF transformers (float32, PyTorch
 eager; needs a Python with torch + transformers + gguf + accelerate, --hf-python), and llama.cpp
 (llama-cpp-python, --llama-python) on the GGUF file as shipped and on the formats of
 --llama-formats, converted from it by llama.cpp's own quantize tool (F32 from Q4_1 holds exactly
@@ -163,7 +165,7 @@ def worker_glassgrad(
     new: int,
     reps: int,
     threads: int,
-    compiled: bool = False,
+    compiled: bool | str = False,
     quantize: str | None = None,
 ) -> dict:
     import numpy as np
@@ -215,6 +217,20 @@ def worker_glassgrad_q8_0(model: str, ids: list[int], new: int, reps: int, threa
 def worker_glassgrad_gguf(model: str, ids: list[int], new: int, reps: int, threads: int) -> dict:
     """glassgrad, compiled decode, the GGUF file's own blocks kept (quantize="gguf")."""
     return worker_glassgrad(model, ids, new, reps, threads, compiled=True, quantize="gguf")
+
+
+def worker_glassgrad_q8_0_int8(
+    model: str, ids: list[int], new: int, reps: int, threads: int
+) -> dict:
+    """glassgrad, compiled decode, Q8_0 weights times int8 activations (compiled="int8")."""
+    return worker_glassgrad(model, ids, new, reps, threads, compiled="int8", quantize="q8_0")
+
+
+def worker_glassgrad_gguf_int8(
+    model: str, ids: list[int], new: int, reps: int, threads: int
+) -> dict:
+    """glassgrad, compiled decode, the file's blocks times int8 activations (compiled="int8")."""
+    return worker_glassgrad(model, ids, new, reps, threads, compiled="int8", quantize="gguf")
 
 
 def worker_hf(model: str, ids: list[int], new: int, reps: int, threads: int) -> dict:
@@ -307,11 +323,21 @@ def memory_bandwidth_gbs(mib: int = 512) -> float:
     return 2 * a.nbytes / best / 1e9
 
 
+GLASSGRAD = (  # the glassgrad rows, in the table's order
+    "glassgrad",
+    "glassgrad-compiled",
+    "glassgrad-q8_0",
+    "glassgrad-gguf",
+    "glassgrad-q8_0-int8",
+    "glassgrad-gguf-int8",
+)
 WORKERS = {
     "glassgrad": worker_glassgrad,
     "glassgrad-compiled": worker_glassgrad_compiled,
     "glassgrad-q8_0": worker_glassgrad_q8_0,
     "glassgrad-gguf": worker_glassgrad_gguf,
+    "glassgrad-q8_0-int8": worker_glassgrad_q8_0_int8,
+    "glassgrad-gguf-int8": worker_glassgrad_gguf_int8,
     "hf": worker_hf,
     "llama.cpp": worker_llama_cpp,
 }
@@ -320,6 +346,8 @@ NAMES = {
     "glassgrad-compiled": "glassgrad, compiled decode",
     "glassgrad-q8_0": "glassgrad, compiled decode, Q8_0",
     "glassgrad-gguf": "glassgrad, compiled decode, the file's blocks",
+    "glassgrad-q8_0-int8": "glassgrad, compiled decode, Q8_0, int8 activations",
+    "glassgrad-gguf-int8": "glassgrad, compiled decode, the file's blocks, int8 activations",
     "hf": "HF transformers (PyTorch CPU, eager)",
     "llama.cpp": "llama.cpp",
 }
@@ -374,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
 
     wanted = args.frameworks.split(",")
     pythons = {"hf": args.hf_python, "llama.cpp": args.llama_python}
-    for kind in ("glassgrad", "glassgrad-compiled", "glassgrad-q8_0", "glassgrad-gguf"):
+    for kind in GLASSGRAD:
         pythons[kind] = sys.executable
     missing = {}
     if "hf" in wanted and not python_has(args.hf_python, "torch, transformers"):
@@ -398,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         ids_file.write_text(json.dumps(prompt_ids(model, args.prompt, random_weights)))
         rows = [
             (k, model, "as given")
-            for k in ("glassgrad", "glassgrad-compiled", "glassgrad-q8_0", "glassgrad-gguf", "hf")
+            for k in (*GLASSGRAD, "hf")
             if k in wanted
         ]
         rows = [row for row in rows if row[0] not in missing]
@@ -458,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
             med = {key: statistics.median(run[key] for run in runs) for key in keys}
             nbytes, label = sizes[r] or float32
             if "weight_bytes" in runs[0] and kind != "glassgrad-compiled" and kind != "glassgrad":
-                nbytes, label = runs[0]["weight_bytes"], kind.removeprefix("glassgrad-")
+                label = kind.removeprefix("glassgrad-").removesuffix("-int8")
+                nbytes = runs[0]["weight_bytes"]
             stream = nbytes * med["decode_tps"] / 1e9
             print(
                 f"| {NAMES[kind]} | {label} ({form}) | {n} "

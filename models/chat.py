@@ -46,7 +46,7 @@ class Chat:
         system: str | None = None,
         max_new_tokens: int = 256,
         rng: np.random.Generator | None = None,
-        compiled: bool = True,
+        compiled: bool | str = True,
         **sampling: Any,
     ) -> None:
         if not hasattr(tokenizer, "apply_chat_template"):
@@ -67,7 +67,8 @@ class Chat:
         self.system, self.max_new_tokens = system, max_new_tokens
         self.rng = np.random.default_rng() if rng is None else rng
         self.sampling = sampling
-        self.compiled = compiled  # replies decoded by the compiled step (docs/decoding.md)
+        # replies decoded by the compiled step (docs/decoding.md); "int8": with int8 activations
+        self.compiled = compiled
         self.ended = "end of turn"  # the last reply's: or "max_new_tokens", "context" (notes)
         self.dropped = 0  # exchanges the last reply's conversation left out to fit (_fit)
         self.reset()
@@ -183,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--eager", action="store_true", help="decode op by op, not by the compiled decode step"
     )
+    p.add_argument(
+        "--int8-activations",
+        action="store_true",
+        help="q8_0 / q4_0 / q4_1 layers multiply their inputs rounded to int8 per 32 values, as "
+        "llama.cpp decodes: faster on AVX2, the logits a little off (docs/quantization.md)",
+    )
     return p
 
 
@@ -232,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         print(f"SmolLM2-135M-Instruct from {args.model}", file=sys.stderr)
+    if args.eager and args.int8_activations:
+        print("error: --int8-activations is the compiled decode step's; drop --eager", file=sys.stderr)
+        return 2
     quantize = args.quantize or ("gguf" if str(args.model).lower().endswith(".gguf") else "float")
     try:
         model, tokenizer = load(
@@ -240,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         chat = Chat(
             model,
             tokenizer,
-            compiled=not args.eager,
+            compiled="int8" if args.int8_activations else not args.eager,
             context=args.context,
             system=args.system,
             max_new_tokens=args.max_new_tokens,

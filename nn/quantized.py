@@ -54,10 +54,11 @@ class QuantizedLinear(Module):
     def forward(self, x: Tensor) -> Tensor:
         return quantized_linear(x, self.weight, self.bias)
 
-    def forward_into(self, x: np.ndarray, out: np.ndarray) -> None:
+    def forward_into(self, x: np.ndarray, out: np.ndarray, int8_activations: bool = False) -> None:
         """out = x @ W (+ bias) for x (rows, in): the compiled decode step's call
-        (models.architectures.decoding), the same kernels as forward."""
-        kernels.quantized_matmul_into(x, self.weight, out)
+        (models.architectures.decoding), the same kernels as forward; int8_activations: x's
+        rows quantized to int8 first, as llama.cpp decodes (kernels.quantized_matvec_int8)."""
+        kernels.quantized_matmul_into(x, self.weight, out, int8_activations)
         if self.bias is not None:
             np.add(out, self.bias.data, out=out)
 
@@ -110,9 +111,10 @@ class QuantizedEmbedding(Module):
         """out = the rows idx of the table (forward's values) for the compiled decode step."""
         np.copyto(out, self.weight.dequantize_rows(idx), casting="same_kind")
 
-    def attend_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        """out = x @ table^T (attend's values) for the compiled decode step."""
-        kernels.quantized_matmul_into(x, self.weight, out)
+    def attend_into(self, x: np.ndarray, out: np.ndarray, int8_activations: bool = False) -> None:
+        """out = x @ table^T (attend's values) for the compiled decode step; int8_activations as
+        QuantizedLinear.forward_into's."""
+        kernels.quantized_matmul_into(x, self.weight, out, int8_activations)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, format={self.weight.format}"

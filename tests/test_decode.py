@@ -210,7 +210,7 @@ def test_the_step_refuses_a_full_cache_and_the_explicit_attention_path():
         DecodeStep(model, caches)
     with pytest.raises(ValueError, match="needs 2 caches"):
         DecodeStep(model, caches[:1])
-    with pytest.raises(ValueError, match="compiled must be False, True or 'exact'"):
+    with pytest.raises(ValueError, match="compiled must be False, True, 'exact' or 'int8'"):
         model.generate(prompt(), 2, compiled="fast")
     with pytest.raises(ValueError, match="use_cache=True"):
         model.generate(prompt(), 2, compiled=True, use_cache=False)

@@ -90,6 +90,9 @@ KERNELS: dict[str, Kernel] = {
     "quantized_matmul": Kernel("quantized", "quantized_linear", examples.quantized_matmul),
     "quantized_matmul_t": Kernel("quantized", "quantized_linear", examples.quantized_matmul_t),
     "quantize_rows": Kernel("quantized", "quantized_linear", examples.quantize_rows),
+    "quantized_matvec_int8": Kernel(
+        "quantized_int8", "quantized_linear", examples.quantized_matvec_int8
+    ),
 }
 
 
@@ -252,11 +255,24 @@ def quantized_matmul(x, weight):
     return get_kernel("quantized_matmul")(x, weight)
 
 
-def quantized_matmul_into(x, weight, out):
+def quantized_matmul_into(x, weight, out, int8_activations=False):
     """out[...] = x @ W (quantized_matmul), out (N, out) of x's dtype; with the Numba backend a
     single C-contiguous row goes straight to the matrix-vector kernel, nothing allocated (the
-    compiled decode step's call, ~200 a token)."""
-    if _backend == "numba":
+    compiled decode step's call, ~200 a token). int8_activations: x's rows quantized to int8
+    first (quantized_matvec_int8) where W's format has that product (q8_0, q4_0, q4_1; the
+    others multiply x as it is)."""
+    if int8_activations:
+        from .quantized_int8 import FORMATS
+
+        int8_activations = weight.format in FORMATS
+    if int8_activations:
+        if _backend == "numba":
+            from .quantized_int8 import matvec_int8_into
+
+            matvec_int8_into(x, weight, out)
+        else:
+            out[...] = quantized_matvec_int8(x, weight)
+    elif _backend == "numba":
         from .quantized import matmul_into
 
         matmul_into(x, weight, out)
@@ -267,6 +283,12 @@ def quantized_matmul_into(x, weight, out):
 def quantized_matmul_t(g, weight):
     """g (N, out) @ W^T for a QuantizedWeight W (quantized.quantized_matmul_t_numpy)."""
     return get_kernel("quantized_matmul_t")(g, weight)
+
+
+def quantized_matvec_int8(x, weight):
+    """x (N, in) @ W with x's rows quantized to int8 per block, llama.cpp's decode arithmetic
+    (quantized_int8.quantized_matvec_int8_numpy)."""
+    return get_kernel("quantized_matvec_int8")(x, weight)
 
 
 def quantize_rows(rows, fmt):

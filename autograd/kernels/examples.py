@@ -179,3 +179,14 @@ def quantize_rows(rng, dtype, rows, width):
 def quantized_matmul_t(rng, dtype, rows, width):
     weight = _quantized_weight(rng, rows, width)
     return rng.standard_normal((rows, weight.shape[1])).astype(dtype), weight
+
+
+def quantized_matvec_int8(rng, dtype, rows, width):
+    from autograd.quantized import BLOCK
+
+    fmt = ("q8_0", "q4_0", "q4_1")[rng.integers(3)]
+    n_in = -(-width // BLOCK) * BLOCK
+    weight = quantized_weight(rng, fmt, n_in, rows + 300)
+    x = rng.standard_normal((3, n_in)).astype(dtype)
+    x[0, :BLOCK] = 0.0  # a block of zeros: dx = 0
+    return x, weight

@@ -45,6 +45,7 @@ from models.formats import hf
 from models.formats.errors import FileFormatError
 from models.formats.quantized import QuantizedLoading
 
+COMPILED = (False, True, "exact", "int8")  # generate's choices of compiled decoding
 IGNORE_INDEX = -100  # a target that does not count in the loss (padding, prompt tokens, ...)
 
 
@@ -329,7 +330,9 @@ class Decoder(nn.Module):
         (compile_decoder; docs/decoding.md) without the per-op Python of eager; the prompt (and a
         refill after the window slid) runs eagerly. "exact": eager's very calls, its logits bit
         for bit; True: Llama's q, k, v projections as one product (the same sums, rounded
-        apart by the BLAS at block edges, ~1e-15 relative in float64).
+        apart by the BLAS at block edges, ~1e-15 relative in float64); "int8": as True, and
+        quantized layers (q8_0, q4_0, q4_1) multiply their inputs rounded to int8 per 32 values,
+        as llama.cpp decodes (DecodeStep's int8_activations: faster, not eager's logits).
         """
         ids = self._token_ids(idx, "generate")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
@@ -337,8 +340,10 @@ class Decoder(nn.Module):
         if max_new_tokens < 0:
             raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
         check_sampling_args(temperature, top_k, top_p, self.config.vocab_size)
-        if compiled not in (False, True, "exact"):
-            raise ValueError(f"generate: compiled must be False, True or 'exact', got {compiled!r}")
+        if compiled not in COMPILED:
+            raise ValueError(
+                f"generate: compiled must be False, True, 'exact' or 'int8', got {compiled!r}"
+            )
         if compiled and not use_cache:
             raise ValueError("generate: compiled decoding needs the KV cache (use_cache=True)")
         eos = self._eos_ids(eos_id)
@@ -350,8 +355,9 @@ class Decoder(nn.Module):
         length = start
         ended = np.full(batch, -1, dtype=np.int64)  # the eos id a row ended on, -1 while running
         caches = self.new_kv_caches(batch, start + max_new_tokens) if use_cache else None
-        exact = compiled == "exact"
-        step = self.compile_decoder(caches, exact) if compiled else None
+        step = None
+        if compiled:
+            step = self.compile_decoder(caches, compiled == "exact", compiled == "int8")
         was_training = self.training
         self.eval()
         try:
@@ -380,12 +386,15 @@ class Decoder(nn.Module):
             self.train(was_training)
         return out[:, :length]
 
-    def compile_decoder(self, caches: list[nn.LayerKVCache], exact: bool = False) -> DecodeStep:
+    def compile_decoder(
+        self, caches: list[nn.LayerKVCache], exact: bool = False, int8_activations: bool = False
+    ) -> DecodeStep:
         """A compiled decode step over `caches` (models.architectures.decoding.DecodeStep):
         step(tokens (B,)) -> the logits (B, V) of the next position, appending to the caches.
         Prefill them first (self(prompt, kv_caches=caches)); build a new step after the weights
-        change. exact: eager's logits bit for bit (see DecodeStep)."""
-        return DecodeStep(self, caches, exact)
+        change. exact: eager's logits bit for bit; int8_activations: quantized layers multiply
+        x rounded to int8, as llama.cpp (see DecodeStep)."""
+        return DecodeStep(self, caches, exact, int8_activations)
 
     def stream(
         self,
@@ -396,12 +405,13 @@ class Decoder(nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         rng: np.random.Generator | None = None,
-        compiled: bool = False,
+        compiled: bool | str = False,
     ) -> Iterator[int]:
         """Continue one sequence whose first caches[0].length tokens are in `caches`: run `ids`
         (1-D, the tokens after them) and yield each new token as soon as it is chosen, until an
         end-of-sequence id (yielded too) or max_new_tokens. A chat keeps `caches` between turns.
-        compiled: each token after `ids` runs as a compiled decode step (as generate's True).
+        compiled: each token after `ids` runs as a compiled decode step (True, or "int8": as
+        generate's).
         Raises ValueError before computing anything when the context cannot hold them all."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         check_sampling_args(temperature, top_k, top_p, self.config.vocab_size)
@@ -415,7 +425,11 @@ class Decoder(nn.Module):
         rng = np.random.default_rng() if rng is None else rng
         was_training = self.training
         self.eval()
-        step = self.compile_decoder(caches) if compiled and max_new_tokens > 1 else None
+        if compiled not in (False, True, "int8"):
+            raise ValueError(f"stream: compiled must be False, True or 'int8', got {compiled!r}")
+        step = None
+        if compiled and max_new_tokens > 1:
+            step = self.compile_decoder(caches, int8_activations=compiled == "int8")
         try:
             for i in range(max_new_tokens):
                 if step is not None and i > 0:
