@@ -6,6 +6,9 @@ For each text (the first 600 tokens of the stdlib's argparse.py source; a passag
 blocks), against the same model in float64: the top-1 agreement of the next-token choice, the
 mean KL divergence KL(p_float64 || p_quantized) of the next-token distributions, and each
 model's perplexity on the text. The quantized models compute in float32, as they decode.
+"+int8" ways (q8_0, q4_1, gguf) decode the text a token at a time through the compiled decode
+step with int8 activations (generate(compiled="int8"), llama.cpp's arithmetic), each token's
+logits as that step makes them; the others run one forward over the whole text.
 
     python -m benchmarks.quant_quality [model.gguf]     (default: the packaged SmolLM2-135M)
 
@@ -24,7 +27,7 @@ import numpy as np
 
 TOKENS = 600
 NOTES = Path(__file__).resolve().parent.parent.parent / "shared" / "transformer-notes.zh.txt"
-WAYS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "gguf")
+WAYS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "gguf", "q8_0+int8", "q4_1+int8", "gguf+int8")
 
 
 def texts(tokenizer) -> dict[str, np.ndarray]:
@@ -42,6 +45,22 @@ def log_probs(model, ids: np.ndarray) -> np.ndarray:
     with no_grad():
         logits, _ = model(ids[None, :], all_logits=True)
     x = logits.data[0].astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def decoded_log_probs(model, ids: np.ndarray) -> np.ndarray:
+    """log_probs's (T, V), the first position by the eager forward, each later one by the
+    compiled decode step with int8 activations fed the text's own next token."""
+    from autograd import no_grad
+
+    caches = model.new_kv_caches(1, len(ids))
+    with no_grad():
+        first, _ = model(ids[None, :1], kv_caches=caches)
+    step = model.compile_decoder(caches, int8_activations=True)
+    logits = [first.data[0, -1].astype(np.float64)]
+    logits += [step(ids[t : t + 1])[0].astype(np.float64) for t in range(1, len(ids))]
+    x = np.array(logits)
     x = x - x.max(axis=-1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
@@ -68,15 +87,12 @@ def measure(path: Path) -> list[dict]:
         own = compare(references[name], references[name], ids)
         rows.append({"text": name, "weights": "float64", **own})
     for way in ("float32", *WAYS):
-        model = models.from_pretrained(path, quantize=None if way == "float32" else way)
+        held, int8 = way.removesuffix("+int8"), way.endswith("+int8")
+        model = models.from_pretrained(path, quantize=None if held == "float32" else held)
+        model.eval()
         for name, ids in inputs.items():
-            rows.append(
-                {
-                    "text": name,
-                    "weights": way,
-                    **compare(references[name], log_probs(model, ids), ids),
-                }
-            )
+            mine = decoded_log_probs(model, ids) if int8 else log_probs(model, ids)
+            rows.append({"text": name, "weights": way, **compare(references[name], mine, ids)})
         del model
     return rows
 
@@ -103,6 +119,7 @@ def bandwidth(n_in: int = 576, n_out: int = 49152, repeats: int = 15) -> list[st
     """Lines: the copy's bandwidth, then each format's decode product in GB/s of its blocks. The
     K-quants (read from files only) take random blocks, 768 values a row (whole super-blocks)."""
     from autograd.kernels import quantized as kernels
+    from autograd.kernels import quantized_int8 as int8
     from autograd.kernels.examples import quantized_weight
     from autograd.quantized import FILE_FORMATS, KEPT, quantize
 
@@ -115,13 +132,17 @@ def bandwidth(n_in: int = 576, n_out: int = 49152, repeats: int = 15) -> list[st
         else:
             q = quantize(w, fmt)
         x = rng.standard_normal((1, q.shape[0])).astype(np.float32)
-        kernels.quantized_matmul_numba(x, q)  # compiled (or loaded) before timing
-        t = _best(lambda q=q, x=x: kernels.quantized_matmul_numba(x, q), repeats)
-        lines.append(
-            f"{fmt}: x (1, {q.shape[0]}) @ W {q.shape}, {q.nbytes / 1e6:.1f} MB of blocks in "
-            f"{t * 1e3:.2f} ms: {q.nbytes / t / 1e9:.1f} GB/s, "
-            f"{q.shape[0] * n_out / t / 1e9:.1f} G values/s"
-        )
+        products = [("", kernels.quantized_matmul_numba)]
+        if fmt in int8.FORMATS:  # and with int8 activations
+            products.append((" int8 activations", int8.quantized_matvec_int8_numba))
+        for label, product in products:
+            product(x, q)  # compiled (or loaded) before timing
+            t = _best(lambda q=q, x=x, product=product: product(x, q), repeats)
+            lines.append(
+                f"{fmt}{label}: x (1, {q.shape[0]}) @ W {q.shape}, {q.nbytes / 1e6:.1f} MB of "
+                f"blocks in {t * 1e3:.2f} ms: {q.nbytes / t / 1e9:.1f} GB/s, "
+                f"{q.shape[0] * n_out / t / 1e9:.1f} G values/s"
+            )
     x = rng.standard_normal((1, n_in)).astype(np.float32)
     t = _best(lambda: x @ w, repeats)
     lines.append(

@@ -240,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"SmolLM2-135M-Instruct from {args.model}", file=sys.stderr)
     if args.eager and args.int8_activations:
-        print("error: --int8-activations is the compiled decode step's; drop --eager", file=sys.stderr)
+        print(
+            "error: --int8-activations is the compiled decode step's; drop --eager", file=sys.stderr
+        )
         return 2
     quantize = args.quantize or ("gguf" if str(args.model).lower().endswith(".gguf") else "float")
     try:

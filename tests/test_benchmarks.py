@@ -219,7 +219,9 @@ def test_llm_suite_times_a_tiny_llama_in_fresh_processes(capsys):
     # one. The workers are `python -m benchmarks.llm` processes started from the repository root.
     from benchmarks import llm
 
-    assert llm.main(["--tiny", "--rounds", "1", "--reps", "1", "--prompt", "8", "--new", "64"]) == 0
+    frameworks = "glassgrad,glassgrad-compiled,glassgrad-q8_0-int8,hf,llama.cpp"
+    argv = ["--tiny", "--rounds", "1", "--reps", "1", "--prompt", "8", "--new", "64"]
+    assert llm.main([*argv, "--frameworks", frameworks]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| glassgrad |"))
     cells = row.strip("| ").split(" | ")
@@ -228,6 +230,7 @@ def test_llm_suite_times_a_tiny_llama_in_fresh_processes(capsys):
     assert load >= 0 and prefill > 0 and decode > 0 and stream >= 0 and rss > 0  # 2 decimals
     assert "memory copy bandwidth of this run" in out
     assert "| glassgrad, compiled decode | float32 (as given) | 2 |" in out
+    assert "| glassgrad, compiled decode, Q8_0, int8 activations | q8_0 (as given) | 2 |" in out
     assert "HF transformers" in out or "no HF column" in out
 
 

@@ -128,6 +128,15 @@ def test_the_chat_cli_opens_a_gguf_file(tmp_path, monkeypatch, capsys):
     typing(monkeypatch)
     assert chat.main(["--model", str(path), "--quantize", "float"]) == 0 and held[-1] is None
     capsys.readouterr()
+    # --int8-activations: the compiled step multiplies the Q8_0 blocks by int8 inputs
+    typing(monkeypatch, "Hi")
+    argv = ["--model", str(path), "--temperature", "0", "--max-new-tokens", "5"]
+    assert chat.main([*argv, "--int8-activations"]) == 0
+    printed = capsys.readouterr().out.splitlines()[1:]
+    expected = chat.Chat(blocks, tokenizer, max_new_tokens=5, temperature=0, compiled="int8")
+    assert printed[0] == "".join(expected.reply("Hi"))
+    assert chat.main([*argv, "--int8-activations", "--eager"]) == 2
+    assert "--int8-activations is the compiled decode step's" in capsys.readouterr().err
     # bad sampling settings are refused before the first message, naming the setting
     for bad, named in (
         (["--temperature", "-1"], "temperature"),

@@ -36,7 +36,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._common import Kernel
-from .quantized import EXACT_VALUES, F16_TO_F32, PREFETCH_BYTES, _check, _prefetch_row
+from .quantized import F16_TO_F32, PREFETCH_BYTES, _check, _prefetch_row
 
 FORMATS = ("q8_0", "q4_0", "q4_1")  # W's formats with an int8 product
 _FEATURES = binding.get_host_cpu_features()
@@ -153,7 +153,9 @@ def _row_dot(fmt):
             kind = ir.FunctionType(result, operands)
             return cgutils.get_or_insert_function(builder.module, kind, name)
 
-        madd_bytes = function("llvm.x86.avx2.pmadd.ub.sw", _vector(_I16, 16), [_vector(_I8, 32)] * 2)
+        madd_bytes = function(
+            "llvm.x86.avx2.pmadd.ub.sw", _vector(_I16, 16), [_vector(_I8, 32)] * 2
+        )
         madd_words = function("llvm.x86.avx2.pmadd.wd", _vector(_I32, 8), [_vector(_I16, 16)] * 2)
         fma = function("llvm.fma.v8f32", _vector(_F32, 8), [_vector(_F32, 8)] * 3)
         lanes = cgutils.alloca_once_value(builder, _splat(_F32, 8, 0.0))
@@ -168,19 +170,25 @@ def _row_dot(fmt):
                 w = load(quants, byte_at, _vector(_I8, 32), 1)
                 negative = builder.icmp_signed("<", w, _splat(_I8, 32, 0))
                 magnitude = builder.select(negative, builder.neg(w), w)
-                pairs = builder.call(madd_bytes, [magnitude, builder.select(negative, builder.neg(x), x)])
+                pairs = builder.call(
+                    madd_bytes, [magnitude, builder.select(negative, builder.neg(x), x)]
+                )
             else:  # byte j: value j in the low nibble, j + 16 in the high one
                 w = load(quants, byte_at, _vector(_I8, 16), 1)
                 low = builder.and_(w, _splat(_I8, 16, 15))
                 high = builder.lshr(w, _splat(_I8, 16, 4))
-                nibbles = builder.shuffle_vector(low, high, ir.Constant(_vector(_I32, 32), list(range(32))))
+                nibbles = builder.shuffle_vector(
+                    low, high, ir.Constant(_vector(_I32, 32), list(range(32)))
+                )
                 pairs = builder.call(madd_bytes, [nibbles, x])
             sums = builder.call(madd_words, [pairs, _splat(_I16, 16, 1)])
             s_index = builder.add(s_at, b)
             d = builder.fpext(load(scales, s_index, _HALF, 2), _F32)
             x_scale = load(dx, b, _F32, 4)
             scale = builder.fmul(d, x_scale)
-            splat = builder.insert_element(ir.Constant(_vector(_F32, 8), ir.Undefined), scale, _I32(0))
+            splat = builder.insert_element(
+                ir.Constant(_vector(_F32, 8), ir.Undefined), scale, _I32(0)
+            )
             splat = builder.shuffle_vector(splat, splat, ir.Constant(_vector(_I32, 8), [0] * 8))
             as_float = builder.sitofp(sums, _vector(_F32, 8))
             builder.store(builder.call(fma, [as_float, splat, builder.load(lanes)]), lanes)

@@ -374,7 +374,9 @@ class DecodeStep:
                 attention._attend_all_keys(queries.size * length, *args)
 
         steps.append(attend)
-        steps.append(_product(attn.c_proj, self.o.reshape(batch, width), self.branch, self.blocks, self.int8))
+        steps.append(
+            _product(attn.c_proj, self.o.reshape(batch, width), self.branch, self.blocks, self.int8)
+        )
         return steps
 
     def _mlp(self, mlp: nn.Module) -> list[Step]:
