@@ -14,6 +14,7 @@ it; a bias stays a float Parameter. Row vectors as everywhere (notes 3.2): y = x
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,22 @@ class QuantizedLinear(Module):
         kernels.quantized_matmul_into(x, self.weight, out, int8_activations)
         if self.bias is not None:
             np.add(out, self.bias.data, out=out)
+
+    def product_into(
+        self, x: np.ndarray, out: np.ndarray, int8_activations: bool = False
+    ) -> Callable[[], None]:
+        """A call () -> None doing forward_into(x, out, int8_activations) on these very arrays,
+        its checks made once (the compiled decode step binds each product as it is built)."""
+        product = kernels.bind_quantized_matmul_into(x, self.weight, out, int8_activations)
+        if self.bias is None:
+            return product
+        bias = self.bias.data
+
+        def with_bias() -> None:
+            product()
+            np.add(out, bias, out=out)
+
+        return with_bias
 
     @classmethod
     def side_by_side(cls, layers: list[QuantizedLinear]) -> QuantizedLinear:
@@ -115,6 +132,12 @@ class QuantizedEmbedding(Module):
         """out = x @ table^T (attend's values) for the compiled decode step; int8_activations as
         QuantizedLinear.forward_into's."""
         kernels.quantized_matmul_into(x, self.weight, out, int8_activations)
+
+    def attend_product(
+        self, x: np.ndarray, out: np.ndarray, int8_activations: bool = False
+    ) -> Callable[[], None]:
+        """attend_into(x, out, int8_activations) bound to these arrays (product_into's)."""
+        return kernels.bind_quantized_matmul_into(x, self.weight, out, int8_activations)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, format={self.weight.format}"

@@ -280,6 +280,25 @@ def quantized_matmul_into(x, weight, out, int8_activations=False):
         out[...] = quantized_matmul(x, weight)
 
 
+def bind_quantized_matmul_into(x, weight, out, int8_activations=False):
+    """A call () -> None doing quantized_matmul_into(x, weight, out, int8_activations) on these
+    very arrays, its checks and the kernel's arguments made once, with the backend in force now
+    (the compiled decode step binds each product when it is built)."""
+    if int8_activations:
+        from .quantized_int8 import FORMATS
+
+        int8_activations = weight.format in FORMATS
+    if _backend != "numba":
+        return lambda: quantized_matmul_into(x, weight, out, int8_activations)
+    if int8_activations:
+        from .quantized_int8 import bind_matvec_int8_into
+
+        return bind_matvec_int8_into(x, weight, out)
+    from .quantized import bind_matmul_into
+
+    return bind_matmul_into(x, weight, out)
+
+
 def quantized_matmul_t(g, weight):
     """g (N, out) @ W^T for a QuantizedWeight W (quantized.quantized_matmul_t_numpy)."""
     return get_kernel("quantized_matmul_t")(g, weight)
@@ -308,5 +327,6 @@ __all__ = [
     "serially",
     "start_threads",
     "quantized_matmul_into",
+    "bind_quantized_matmul_into",
     *KERNELS,
 ]

@@ -29,6 +29,8 @@ Elsewhere (no AVX2, or float64 x) the same sums run as a plain Numba loop (_matv
 - quantized_matvec_int8(x, weight): x (N, in) -> (N, out), each row quantized, then the sums
 """
 
+from functools import partial
+
 import numpy as np
 from llvmlite import binding, ir
 from numba import njit, prange, types
@@ -36,7 +38,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._common import Kernel
-from .quantized import F16_TO_F32, PREFETCH_BYTES, _check, _prefetch_row
+from .quantized import F16_TO_F32, PREFETCH_BYTES, _check, _one_row, _prefetch_row
 
 FORMATS = ("q8_0", "q4_0", "q4_1")  # W's formats with an int8 product
 _FEATURES = binding.get_host_cpu_features()
@@ -257,20 +259,32 @@ def _matvec_portable(kind, quants, scales, mins, table, xq, dx, sx, ahead, out):
         out[r] = total
 
 
-def _matvec_into(x, weight, out):
-    """out (out,) = the int8 product of one row x (in,) (C-contiguous, float32 or float64)."""
+def _bound_matvec(x, weight, out):
+    """A call () -> None: out (out,) = the int8 product of one row x (in,) (C-contiguous,
+    float32 or float64), x quantized into buffers of its own at each call."""
     xq = np.empty(x.shape[0], np.int8)
     dx, sx = np.empty((2, x.shape[0] // 32), np.float32)
-    _quantize_activations(x, xq, dx, sx)
     quants = weight.quants.reshape(weight.quants.shape[0], -1)
     scales = weight.scales.view(np.uint16)
     mins = scales if weight.mins is None else weight.mins.view(np.uint16)
     kind, work = FORMATS.index(weight.format), weight.shape[0] * weight.shape[1]
     ahead = max(1, PREFETCH_BYTES // (weight.quants.nbytes // weight.shape[1]))
     if AVX2 and out.dtype == np.float32:
-        _matvec_avx2(work, kind, quants, scales, mins, xq, dx, sx, ahead, out)
+        product = partial(_matvec_avx2, work, kind, quants, scales, mins, xq, dx, sx, ahead, out)
     else:
-        _matvec_portable(work, kind, quants, scales, mins, F16_TO_F32, xq, dx, sx, ahead, out)
+        product = partial(
+            _matvec_portable, work, kind, quants, scales, mins, F16_TO_F32, xq, dx, sx, ahead, out
+        )
+
+    def call():
+        _quantize_activations(x, xq, dx, sx)
+        product()
+
+    return call
+
+
+def _matvec_into(x, weight, out):
+    _bound_matvec(x, weight, out)()
 
 
 def quantized_matvec_int8_numba(x, weight):
@@ -285,17 +299,18 @@ def quantized_matvec_int8_numba(x, weight):
 
 def matvec_int8_into(x, weight, out):
     """out[...] = quantized_matvec_int8_numba(x, weight); one C-contiguous row of x, of out's
-    dtype, goes to the kernel with out written in place (the compiled decode step's call)."""
-    if (
-        x.ndim == 2
-        and x.shape == (1, weight.shape[0])
-        and out.shape == (1, weight.shape[1])
-        and x.dtype == out.dtype
-        and x.dtype in (np.float32, np.float64)
-        and x.flags.c_contiguous
-        and out.flags.c_contiguous
-    ):
+    dtype, goes to the kernel with out written in place."""
+    if _one_row(x, weight, out):
         _check_format(weight, "quantized_matvec_int8")
         _matvec_into(x[0], weight, out[0])
     else:
         out[...] = quantized_matvec_int8_numba(x, weight)
+
+
+def bind_matvec_int8_into(x, weight, out):
+    """A call () -> None doing matvec_int8_into(x, weight, out) on these very arrays, its checks,
+    buffers and the kernel's arguments made once (the compiled decode step's call)."""
+    _check_format(weight, "quantized_matvec_int8")
+    if not _one_row(x, weight, out):
+        return partial(matvec_int8_into, x, weight, out)
+    return _bound_matvec(x[0], weight, out[0])

@@ -89,8 +89,8 @@ def _product(
     if type(linear) is nn.Linear:
         bias = None if linear.bias is None else linear.bias.data
         return _matmul(linear.weight.data, bias, x, out, blocks)
-    if int8 and isinstance(linear, nn.QuantizedLinear):
-        return lambda: linear.forward_into(x, out, int8_activations=True)
+    if isinstance(linear, nn.QuantizedLinear):  # bound once: ~7 us of Python a call saved
+        return linear.product_into(x, out, int8)
     forward_into = getattr(linear, "forward_into", None)
     if forward_into is not None:
         return lambda: forward_into(x, out)
@@ -272,8 +272,7 @@ class DecodeStep:
             self.steps.append(lambda: np.add(self.x, self.branch, out=self.x))
         self.steps.append(_norm(body.ln_f, self.x, self.h))
         if c.tie_word_embeddings and isinstance(body.wte, nn.QuantizedEmbedding):
-            head = partial(body.wte.attend_into, self.h, self.logits, self.int8)
-            self.steps.append(head)
+            self.steps.append(body.wte.attend_product(self.h, self.logits, self.int8))
         elif c.tie_word_embeddings:  # logits = h @ wte^T (notes 9.4), as eager's nn.linear
             wte = body.wte.weight.data
             if self.blocks and wte.flags.c_contiguous:
