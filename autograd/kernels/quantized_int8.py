@@ -10,18 +10,20 @@ two blocks' small integers exactly, in 16- and 32-bit integer lanes:
     y[r] = sum over blocks b of  d[r,b] dx[b] * sum_j q[r,b,j] xq[b,j]   (+ m[r,b] sx[b])
 
 with W's block d * q + m (q4_1), d * (q - 8) (q4_0: m = -8 d) or d * q (q8_0: no m). That is
-y = x~ @ W exactly up to float rounding, x~ = dx * xq: x rounded to 8 bits per block (a relative
-error of up to 1/254 of its block's largest value), which moves SmolLM2's next-token
-distribution by a KL of ~1e-4 (docs/benchmarks.md). It is a decode option, off by default
-(DecodeStep(int8_activations=True), generate(..., int8_activations=True)): the quantized linear
-op itself (quantized.py) keeps x as it is, and its VJP is that of x @ W.
+y = x~ @ W exactly up to float rounding, x~ = dx * xq: x rounded to 8 bits per block (an error
+of up to half a step, 1/254 of its block's largest magnitude); on SmolLM2 in Q8_0 the mean KL of
+the next-token distribution against the float64 model goes 0.0015 -> 0.0042, llama.cpp's own
+Q8_0 file's is 0.0046-0.0050 (docs/quantization.md). It is a decode option, off by default
+(DecodeStep(int8_activations=True), generate(..., compiled="int8")): the quantized linear op
+itself (quantized.py) keeps x as it is, and its VJP is that of x @ W.
 
 On a CPU with AVX2 the block's integer dot product is two instructions, as in llama.cpp:
 vpmaddubsw (32 unsigned 8-bit q times 32 signed 8-bit xq, adjacent pairs summed to 16 bits; a
 q8_0 q goes in as |q| with its sign moved onto xq) and vpmaddwd (pairs of those summed to 32
 bits), then one convert and one FMA into 8 float lanes. Numba's LLVM does not find these from a
 loop (a Numba int8 probe ran 3x slower than the float kernel), so _row_dot emits them as LLVM IR:
-q4_1 2.6x faster than the float kernel on an AMD Zen 3 core (14 against 5.5 G values/s).
+q4_1 2.1x faster than the float kernel on an AMD Zen 3 core (11.3 against 5.3 G values/s, the
+tied head's shape; benchmarks.quant_quality --bandwidth).
 Elsewhere (no AVX2, or float64 x) the same sums run as a plain Numba loop (_matvec_portable).
 
 - quantize_activations(x): x (in,) -> (xq, dx, sx), float32 arithmetic, halves to even (rint, as
@@ -183,6 +185,7 @@ def _row_dot(fmt):
                     low, high, ir.Constant(_vector(_I32, 32), list(range(32)))
                 )
                 pairs = builder.call(madd_bytes, [nibbles, x])
+            # 8 int32 lanes, each the sum of 4 products q xq; then lanes += float(sums) * d dx
             sums = builder.call(madd_words, [pairs, _splat(_I16, 16, 1)])
             s_index = builder.add(s_at, b)
             d = builder.fpext(load(scales, s_index, _HALF, 2), _F32)
