@@ -225,3 +225,20 @@ def test_generate_and_chat_take_int8_and_refuse_it_with_exact():
         model.compile_decoder(model.new_kv_caches(1), exact=True, int8_activations=True)
     with pytest.raises(ValueError, match="compiled must be False, True or 'int8'"):
         list(model.stream(ids[0], model.new_kv_caches(1), 2, compiled="exact"))
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "q5_0"])
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_bound_product_is_the_unbound_call_on_the_arrays_it_was_bound_to(fmt, int8, rows):
+    """bind_quantized_matmul_into (the decode step's products): made once, it computes what
+    quantized_matmul_into computes on whatever the bound x holds at each call."""
+    rng = np.random.default_rng(4)
+    weight = quantize(rng.standard_normal((64, 40)), fmt)
+    x, out, want = np.empty((rows, 64), np.float32), *np.empty((2, rows, 40), np.float32)
+    product = kernels.bind_quantized_matmul_into(x, weight, out, int8)
+    for _ in range(2):  # new values in the bound x: the call reads them
+        x[...] = rng.standard_normal(x.shape)
+        product()
+        kernels.quantized_matmul_into(x, weight, want, int8)
+        np.testing.assert_array_equal(out, want)
