@@ -275,19 +275,25 @@ def test_a_model_keeping_k_quant_blocks_steps_as_its_eager_forward(fixture, exac
         np.testing.assert_array_equal(compiled, eager)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "q5_0", "q5_1"])
-@pytest.mark.parametrize("exact", [True, False])
-@pytest.mark.parametrize("batch", [2, 1])  # one row: gate and up are views of the one product
-def test_a_quantized_model_s_step_equals_its_eager_forward(fmt, exact, batch):
-    """QuantizedLinear's forward_into and the quantized table's lookup and tied head run the
-    same kernels as eager: the logits are eager's bit for bit (float64), fused or exact."""
-    autograd.set_default_dtype(np.float64)
+def quantized_llama(fmt, dtype):
+    """A tiny Llama with a tied head, every Linear and the embedding quantized to fmt."""
+    autograd.set_default_dtype(dtype)
     model = Llama(
         llama_config(vocab_size=VOCAB, block_size=BLOCK, n_layer=2, n_head=4, n_kv_head=2,
                      n_embd=64, ffn_hidden=96, tie_word_embeddings=True),
         rng=np.random.default_rng(3),
     )  # fmt: skip
     nn.quantize_linears(model, fmt, tied_embedding=model.transformer.wte)
+    return model
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "q5_0", "q5_1"])
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("batch", [2, 1])  # one row: gate and up are views of the one product
+def test_a_quantized_model_s_step_equals_its_eager_forward(fmt, exact, batch):
+    """QuantizedLinear's forward_into and the quantized table's lookup and tied head run the
+    same kernels as eager: the logits are eager's bit for bit (float64), fused or exact."""
+    model = quantized_llama(fmt, np.float64)
     assert isinstance(model.transformer.wte, nn.QuantizedEmbedding)
     eager, compiled = eager_and_compiled_logits(model, prompt(batch), BLOCK - 3, exact=exact)
     np.testing.assert_array_equal(compiled, eager)

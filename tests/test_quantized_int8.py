@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autograd
-import nn
 from autograd import kernels
 from autograd.kernels import _common
 from autograd.kernels import quantized_int8 as I8
 from autograd.quantized import QuantizedWeight, quantize
-from models.architectures.llama import Llama, llama_config
+from tests.test_decode import BLOCK, VOCAB
+from tests.test_decode import quantized_llama as tiny_quantized_llama
 
 FORMATS = I8.FORMATS
 PATHS = ["avx2", "portable"] if I8.AVX2 else ["portable"]
@@ -169,18 +169,9 @@ def test_into_runs_the_int8_product_where_the_format_has_one_and_the_float_one_e
 # the decode step
 # ---------------------------------------------------------------------------------------------
 
-VOCAB, BLOCK = 61, 12
-
 
 def quantized_llama(fmt, dtype):
-    autograd.set_default_dtype(dtype)
-    model = Llama(
-        llama_config(vocab_size=VOCAB, block_size=BLOCK, n_layer=2, n_head=4, n_kv_head=2,
-                     n_embd=64, ffn_hidden=96, tie_word_embeddings=True),
-        rng=np.random.default_rng(3),
-    )  # fmt: skip
-    nn.quantize_linears(model, fmt, tied_embedding=model.transformer.wte)
-    return model.eval()
+    return tiny_quantized_llama(fmt, dtype).eval()
 
 
 def step_logits(model, ids, steps, **options):
