@@ -255,17 +255,22 @@ def quantized_matmul(x, weight):
     return get_kernel("quantized_matmul")(x, weight)
 
 
+def _int8_applies(weight, int8_activations):
+    """Whether x goes to W as int8: asked for, and W's format has that product."""
+    if not int8_activations:
+        return False
+    from .quantized_int8 import FORMATS  # here: it imports Numba
+
+    return weight.format in FORMATS
+
+
 def quantized_matmul_into(x, weight, out, int8_activations=False):
     """out[...] = x @ W (quantized_matmul), out (N, out) of x's dtype; with the Numba backend a
     single C-contiguous row goes straight to the matrix-vector kernel, nothing allocated (the
     compiled decode step's call, ~200 a token). int8_activations: x's rows quantized to int8
     first (quantized_matvec_int8) where W's format has that product (q8_0, q4_0, q4_1; the
     others multiply x as it is)."""
-    if int8_activations:
-        from .quantized_int8 import FORMATS
-
-        int8_activations = weight.format in FORMATS
-    if int8_activations:
+    if _int8_applies(weight, int8_activations):
         if _backend == "numba":
             from .quantized_int8 import matvec_int8_into
 
@@ -284,10 +289,7 @@ def bind_quantized_matmul_into(x, weight, out, int8_activations=False):
     """A call () -> None doing quantized_matmul_into(x, weight, out, int8_activations) on these
     very arrays, its checks and the kernel's arguments made once, with the backend in force now
     (the compiled decode step binds each product when it is built)."""
-    if int8_activations:
-        from .quantized_int8 import FORMATS
-
-        int8_activations = weight.format in FORMATS
+    int8_activations = _int8_applies(weight, int8_activations)
     if _backend != "numba":
         return lambda: quantized_matmul_into(x, weight, out, int8_activations)
     if int8_activations:
